@@ -1,0 +1,47 @@
+# The two commands of the README: `make lab` opens the course, `make test` runs every test.
+# Both create .venv with pip on first use (Python 3.11) and reinstall when pyproject.toml changes.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PORT ?= 8888
+WORKERS ?= 2
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: lab test release selfcheck bench checkpoints clean help
+
+help:
+	@echo "make lab         open the course in JupyterLab (prints the URL; headless)"
+	@echo "make test        run the whole test suite (fast mode, $(WORKERS) workers)"
+	@echo "make release     regenerate course/ from solutions/"
+	@echo "make selfcheck   references score full marks, blank releases score 0"
+	@echo "make bench       slow benchmarks (GPU ones skip without CUDA)"
+	@echo "make checkpoints retrain the small pretrained checkpoints in data/"
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	@touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) \
+		--ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/course
+
+test: $(STAMP)
+	COURSE_FAST=1 $(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup
+
+release: $(STAMP)
+	$(BIN)/python -m grader release
+
+selfcheck: $(STAMP)
+	$(BIN)/python -m grader selfcheck
+
+bench: $(STAMP)
+	$(BIN)/python -m coursekit.bench
+
+checkpoints: $(STAMP)
+	$(BIN)/python -m coursekit.pretrain
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""Hidden tests, one module per chapter (``ch01_lora.py`` ...). Judge-side only."""
