@@ -1,0 +1,62 @@
+"""Command line: ``python -m grader {release,autograde,selfcheck}`` (run from the repository root)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m grader", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("release", help="solutions/ -> course/*.ipynb (nbgrader generate_assignment)")
+    r.add_argument("chapters", nargs="*", help="chapter ids (default: all)")
+
+    a = sub.add_parser("autograde", help="grade SUBMISSIONS/<student_id>/<chapter_id>/<chapter_id>.ipynb")
+    a.add_argument("submissions", type=Path)
+    a.add_argument("--out", type=Path, required=True, help="writes grades.csv, feedback/, gradebook.db")
+    a.add_argument("--workers", type=int, default=1, help="submissions graded in parallel (default 1)")
+    a.add_argument("--timeout", type=float, default=None,
+                   help="wall-clock seconds allowed per graded cell (default 60)")
+    a.add_argument("--db", default=None, help="gradebook URL (default sqlite:///OUT/gradebook.db)")
+
+    s = sub.add_parser("selfcheck", help="reference solutions score full marks, blank releases 0")
+    s.add_argument("chapters", nargs="*", help="chapter ids (default: all)")
+    s.add_argument("--workers", type=int, default=2)
+
+    args = p.parse_args(argv)
+    try:
+        if args.command == "release":
+            from grader.release import release
+
+            for path in release(args.chapters or None):
+                print(f"wrote {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+            return 0
+        if args.command == "autograde":
+            if args.workers < 1:
+                p.error(f"--workers must be at least 1, got {args.workers}")
+            if args.timeout is not None and args.timeout <= 0:
+                p.error(f"--timeout must be positive, got {args.timeout}")
+            from grader.autograde import autograde
+
+            results = autograde(args.submissions, args.out, workers=args.workers, timeout=args.timeout,
+                                db_url=args.db)
+            for r in results:
+                got = sum(pts for g, pts in r.layout.tests if r.outcomes[g].passed)
+                total = sum(pts for _, pts in r.layout.tests)
+                print(f"{r.student:<20} {r.chapter:<24} {got:g}/{total:g}" + (f"  ({r.note})" if r.note else ""))
+            print(f"wrote {args.out / 'grades.csv'} and {args.out / 'feedback'}/ for {len(results)} submission(s)")
+            return 0
+        if args.command == "selfcheck":
+            from grader.selfcheck import selfcheck
+
+            return 0 if selfcheck(args.chapters or None, workers=args.workers) else 1
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""``python -m grader autograde SUBMISSIONS --out OUT``: grade every submission, lose nothing.
+
+Layout in:  SUBMISSIONS/<student_id>/<chapter_id>/<chapter_id>.ipynb  (nbgrader's submitted/)
+Out:        OUT/grades.csv  (student_id,chapter,problem,score,max_score; one row per graded cell)
+            OUT/feedback/<student_id>/<chapter_id>.html
+            the nbgrader gradebook (default sqlite:///OUT/gradebook.db; --db for PostgreSQL)
+
+What runs where (see grader/sandbox/judge.py for the threat model):
+  * This process never executes student code. From each submission it takes only the
+    source of the exercise cells, and from the trusted release (course/) the setup cells and
+    the list of graded cells with their points.
+  * Each graded cell's hidden test runs here, against a sandboxed worker process that holds
+    the student's definitions (``grader.sandbox.judge.run_checks``).
+  * A submission that is missing, not notebook JSON, raises, hangs or blows a limit gets
+    zeros for what could not run and the reason in its feedback; every other result is still
+    written. grades.csv is rewritten atomically after each submission, keeping the rows of
+    submissions that this run did not grade.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from grader.feedback import write_feedback
+from grader.notebooks import COURSE, Layout, chapters, exercise_sources, layout
+from grader.sandbox.judge import Limits, Outcome, run_checks
+
+CSV_COLUMNS = ["student_id", "chapter", "problem", "score", "max_score"]
+STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
+
+
+@dataclass
+class Result:
+    student: str
+    chapter: str
+    layout: Layout
+    outcomes: dict[str, Outcome]
+    sources: dict[str, str | None] = field(default_factory=dict)
+    note: str = ""  # a reason that concerns the whole submission
+
+    def rows(self) -> list[dict]:
+        return [
+            {"student_id": self.student, "chapter": self.chapter, "problem": gid,
+             "score": _fmt(points if self.outcomes[gid].passed else 0.0), "max_score": _fmt(points)}
+            for gid, points in self.layout.tests
+        ]
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def release_layout(chapter: str, course_dir: Path = COURSE) -> Layout:
+    path = course_dir / f"{chapter}.ipynb"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run `python -m grader release`")
+    return layout(nbformat.read(path, as_version=4), chapter)
+
+
+def find_submissions(root: Path, known: list[str]) -> tuple[list[tuple[str, str, Path]], list[str]]:
+    """(student, chapter, notebook path) for every submission; and warnings for skipped entries."""
+    found, warnings = [], []
+    if not root.is_dir():
+        raise FileNotFoundError(f"submissions directory {root} does not exist")
+    for sdir in sorted(p for p in root.iterdir() if p.is_dir()):
+        if not STUDENT_ID_RE.match(sdir.name):
+            warnings.append(f"skipped {sdir.name!r}: not a valid student id")
+            continue
+        for cdir in sorted(p for p in sdir.iterdir() if p.is_dir()):
+            if cdir.name not in known:
+                warnings.append(f"skipped {sdir.name}/{cdir.name}: unknown chapter")
+                continue
+            found.append((sdir.name, cdir.name, cdir / f"{cdir.name}.ipynb"))
+    return found, warnings
+
+
+def _failed(lay: Layout, reason: str) -> dict[str, Outcome]:
+    return {gid: Outcome(gid, False, reason) for gid, _ in lay.tests}
+
+
+def grade_one(student: str, chapter: str, path: Path, lay: Layout, limits: Limits) -> Result:
+    """Grade one submission. Never raises: every failure becomes zeros with a reason."""
+    try:
+        if not path.is_file():
+            return Result(student, chapter, lay, _failed(lay, f"no notebook found at {chapter}/{chapter}.ipynb"),
+                          note="missing notebook")
+        try:
+            nb = nbformat.reads(path.read_text(encoding="utf-8", errors="replace"), as_version=4)
+        except (json.JSONDecodeError, nbformat.reader.NotJSONError, ValueError, TypeError, KeyError) as e:
+            reason = f"the submitted file is not a valid notebook (JSON): {str(e)[:200]}"
+            return Result(student, chapter, lay, _failed(lay, reason), note=reason)
+        sources = exercise_sources(nb, lay.exercises)
+        program = list(lay.setup) + [src for src in sources.values() if src is not None]
+        missing = [ex for ex, src in sources.items() if src is None]
+        outcomes = run_checks(chapter, program, [gid for gid, _ in lay.tests], limits, submission_dir=path.parent)
+        note = f"exercise cell(s) not found: {', '.join(missing)}" if missing else ""
+        return Result(student, chapter, lay, outcomes, sources, note)
+    except Exception as e:  # noqa: BLE001 - one broken submission must not stop the batch
+        reason = f"internal grading error ({type(e).__name__}); please contact the instructor"
+        return Result(student, chapter, lay, _failed(lay, reason), note=reason)
+
+
+class CsvWriter:
+    """grades.csv, rewritten atomically; rows of submissions not graded in this run are kept."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.rows: dict[tuple[str, str], list[dict]] = {}
+        if path.exists():
+            with path.open(newline="") as f:
+                for row in csv.DictReader(f):
+                    self.rows.setdefault((row["student_id"], row["chapter"]), []).append(row)
+
+    def add(self, result: Result) -> None:
+        self.rows[(result.student, result.chapter)] = result.rows()
+        tmp = self.path.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+            w.writeheader()
+            for key in sorted(self.rows):
+                w.writerows(self.rows[key])
+        os.replace(tmp, self.path)
+
+
+class GradebookWriter:
+    """Scores into nbgrader's gradebook (SQLite by default, any SQLAlchemy URL works)."""
+
+    def __init__(self, db_url: str, layouts: dict[str, Layout]):
+        from nbgrader.api import Gradebook
+
+        from grader.release import _nbgrader_env
+
+        _nbgrader_env()
+        self.gb = Gradebook(db_url, course_id="efficient-training")
+        for ch, lay in layouts.items():
+            self.gb.update_or_create_assignment(ch)
+            self.gb.update_or_create_notebook(ch, ch)
+            for gid, points in lay.tests:
+                self.gb.update_or_create_grade_cell(gid, ch, ch, max_score=points, cell_type="code")
+            for ex in lay.exercises:
+                self.gb.update_or_create_solution_cell(ex, ch, ch)
+
+    def add(self, result: Result) -> None:
+        self.gb.update_or_create_student(result.student)
+        self.gb.update_or_create_submission(result.chapter, result.student)
+        for gid, points in result.layout.tests:
+            grade = self.gb.find_grade(gid, result.chapter, result.chapter, result.student)
+            grade.auto_score = points if result.outcomes[gid].passed else 0.0
+        self.gb.db.commit()
+
+    def close(self) -> None:
+        self.gb.close()
+
+
+def autograde(submissions: Path, out: Path, workers: int = 1, timeout: float | None = None,
+              db_url: str | None = None, course_dir: Path = COURSE, progress: bool = True,
+              log=print) -> list[Result]:
+    known = chapters()
+    todo, warnings = find_submissions(submissions, known)
+    for w in warnings:
+        log(f"warning: {w}")
+    out.mkdir(parents=True, exist_ok=True)
+    layouts = {ch: release_layout(ch, course_dir) for ch in sorted({c for _, c, _ in todo})}
+    limits = Limits() if timeout is None else Limits(wall_seconds=float(timeout))
+    csv_writer = CsvWriter(out / "grades.csv")
+    gradebook = GradebookWriter(db_url or f"sqlite:///{(out / 'gradebook.db').resolve()}", layouts)
+    results: list[Result] = []
+    lock = threading.Lock()
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo), desc="autograde", unit="submission")
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            futures = [pool.submit(grade_one, s, c, p, layouts[c], limits) for s, c, p in todo]
+            for fut in as_completed(futures):
+                result = fut.result()
+                with lock:
+                    results.append(result)
+                    csv_writer.add(result)
+                    gradebook.add(result)
+                    write_feedback(out / "feedback" / result.student / f"{result.chapter}.html", result)
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        gradebook.close()
+    return sorted(results, key=lambda r: (r.student, r.chapter))

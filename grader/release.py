@@ -1,0 +1,74 @@
+"""``python -m grader release``: solutions/ -> course/*.ipynb through nbgrader generate_assignment.
+
+nbgrader replaces every ``### BEGIN SOLUTION`` region with a stub, deletes hidden-test
+regions, clears outputs and records checksums. The result is written to
+``course/<chapter_id>.ipynb``; it is generated, never edited by hand, and
+``tests/test_release.py`` fails when it is stale.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+
+from grader.notebooks import COURSE, chapters, check_chapter_id, read_source
+
+
+def _nbgrader_env() -> None:
+    # nbgrader migrates its gradebook by running the `alembic` script next to python.
+    bindir = str(Path(sys.executable).parent)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+
+def nbgrader_api(root: Path, db_url: str):
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config import Config
+
+    _nbgrader_env()
+    c = Config()
+    c.CourseDirectory.root = str(root)
+    c.CourseDirectory.db_url = db_url
+    c.CourseDirectory.course_id = "efficient-training"
+    return NbGraderAPI(coursedir=CourseDirectory(config=c), config=c)
+
+
+def generate(chapter_ids: list[str], root: Path, db_url: str) -> dict[str, nbformat.NotebookNode]:
+    """Run nbgrader generate_assignment for each chapter; return the student notebooks."""
+    for ch in chapter_ids:
+        src = root / "source" / ch
+        src.mkdir(parents=True, exist_ok=True)
+        nbformat.write(read_source(ch), src / f"{ch}.ipynb")
+    api = nbgrader_api(root, db_url)
+    out = {}
+    for ch in chapter_ids:
+        result = api.generate_assignment(ch, force=True, create=True)
+        if not result["success"]:
+            raise RuntimeError(f"nbgrader generate_assignment failed for {ch}:\n{result.get('error') or result.get('log')}")
+        out[ch] = nbformat.read(root / "release" / ch / f"{ch}.ipynb", as_version=4)
+    return out
+
+
+def release(chapter_ids: list[str] | None = None, dest: Path = COURSE) -> list[Path]:
+    chapter_ids = [check_chapter_id(c) for c in chapter_ids] if chapter_ids else chapters()
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    with tempfile.TemporaryDirectory(prefix="release-") as tmp:
+        root = Path(tmp)
+        for ch, nb in generate(chapter_ids, root, f"sqlite:///{root / 'gradebook.db'}").items():
+            path = dest / f"{ch}.ipynb"
+            tmp_path = path.with_suffix(".ipynb.tmp")
+            nbformat.write(nb, tmp_path)
+            os.replace(tmp_path, path)
+            written.append(path)
+    return written
+
+
+def copy_course(dest: Path) -> None:
+    """Copy the released notebooks (used by tests that build a student bundle)."""
+    shutil.copytree(COURSE, dest, dirs_exist_ok=True)

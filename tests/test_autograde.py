@@ -1,0 +1,136 @@
+"""The grading contract end to end: `python -m grader autograde SUBMISSIONS --out OUT`."""
+import csv
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from grader.notebooks import chapters
+from submissions import blank, reference, with_exercise, write
+from wrong_submissions import WRONG
+
+pytestmark = pytest.mark.xdist_group("autograde")
+CHAPTERS = [c for c in ("ch00_memory", "ch01_lora") if c in chapters()]
+HANG = "def predict_training_memory(model, batch_size, optimizer):\n    while True:\n        pass\n"
+
+
+def autograde(sub, out, *extra):
+    return subprocess.run([sys.executable, "-m", "grader", "autograde", str(sub), "--out", str(out), *extra],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1500)
+
+
+def read_grades(out):
+    with (out / "grades.csv").open(newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == ["student_id", "chapter", "problem", "score", "max_score"]
+        return list(reader)
+
+
+def totals(rows):
+    t = {}
+    for r in rows:
+        got, mx = t.get((r["student_id"], r["chapter"]), (0.0, 0.0))
+        t[(r["student_id"], r["chapter"])] = (got + float(r["score"]), mx + float(r["max_score"]))
+    return t
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    sub = tmp_path_factory.mktemp("submitted")
+    out = tmp_path_factory.mktemp("out")
+    for ch in CHAPTERS:
+        write(sub, "honest", ch, reference(ch))
+        write(sub, "blank", ch, blank(ch))
+    for (ch, ex), source in WRONG.items():
+        write(sub, f"wrong-{ex}", ch, with_exercise(ch, ex, source))
+    write(sub, "broken", "ch00_memory", "{ this is not a notebook")
+    (sub / "missing" / "ch00_memory").mkdir(parents=True)
+    write(sub, "hangs", "ch00_memory", with_exercise("ch00_memory", "predict_training_memory", HANG))
+    proc = autograde(sub, out, "--workers", "2", "--timeout", "30")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return sub, out, read_grades(out)
+
+
+def test_one_row_per_graded_cell(batch):
+    _, _, rows = batch
+    keys = [(r["student_id"], r["chapter"], r["problem"]) for r in rows]
+    assert len(keys) == len(set(keys))
+    assert {r["student_id"] for r in rows} >= {"honest", "blank", "broken", "missing", "hangs"}
+
+
+def test_reference_full_marks_blank_zero(batch):
+    _, _, rows = batch
+    t = totals(rows)
+    for ch in CHAPTERS:
+        got, mx = t[("honest", ch)]
+        assert got == mx > 0, f"reference {ch}: {got}/{mx}"
+        assert t[("blank", ch)][0] == 0
+
+
+@pytest.mark.parametrize("chapter,exercise", sorted(WRONG))
+def test_wrong_submission_loses_points(batch, chapter, exercise):
+    _, out, rows = batch
+    got, mx = totals(rows)[(f"wrong-{exercise}", chapter)]
+    assert got < mx, f"a wrong {exercise} scored full marks"
+    assert "failed" in (out / "feedback" / f"wrong-{exercise}" / f"{chapter}.html").read_text()
+
+
+def test_broken_missing_and_hanging_submissions_get_zeros_with_reasons(batch):
+    _, out, rows = batch
+    t = totals(rows)
+    for student in ("broken", "missing", "hangs"):
+        assert t[(student, "ch00_memory")][0] == 0
+    assert "not a valid notebook" in (out / "feedback" / "broken" / "ch00_memory.html").read_text()
+    assert "no notebook found" in (out / "feedback" / "missing" / "ch00_memory.html").read_text()
+    assert "time limit" in (out / "feedback" / "hangs" / "ch00_memory.html").read_text()
+
+
+def test_feedback_never_shows_hidden_tests(batch):
+    _, out, _ = batch
+    for ch in CHAPTERS:
+        hidden = (ROOT / "grader" / "hidden" / f"{ch}.py").read_text()
+        secret = [ln.strip() for ln in hidden.splitlines() if len(ln.strip()) > 25 and not ln.strip().startswith(("#", '"""'))]
+        for html in (out / "feedback").rglob(f"{ch}.html"):
+            text = html.read_text()
+            assert not any(line in text for line in secret), f"{html} reveals hidden-test source"
+
+
+def test_gradebook_holds_the_scores(batch):
+    from grader.release import _nbgrader_env
+    from nbgrader.api import Gradebook
+
+    _nbgrader_env()
+    _, out, rows = batch
+    with Gradebook(f"sqlite:///{out / 'gradebook.db'}") as gb:
+        for r in rows:
+            grade = gb.find_grade(r["problem"], r["chapter"], r["chapter"], r["student_id"])
+            assert grade.score == float(r["score"])
+            assert grade.max_score == float(r["max_score"])
+
+
+def test_regrading_one_student_keeps_the_others(batch, tmp_path):
+    _, out, rows = batch
+    sub = tmp_path / "late"
+    write(sub, "late", "ch00_memory", reference("ch00_memory"))
+    proc = autograde(sub, out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = read_grades(out)
+    assert len(after) == len(rows) + sum(1 for r in rows if (r["student_id"], r["chapter"]) == ("honest", "ch00_memory"))
+    assert {(r["student_id"], r["problem"]) for r in rows} <= {(r["student_id"], r["problem"]) for r in after}
+
+
+def test_bad_arguments_are_reported(tmp_path):
+    proc = autograde(tmp_path / "nope", tmp_path / "out")
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "grader", "autograde", str(tmp_path), "--out", str(tmp_path),
+                           "--workers", "0"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode != 0 and "--workers" in proc.stderr
+
+
+def test_selfcheck_passes():
+    proc = subprocess.run([sys.executable, "-m", "grader", "selfcheck"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for ch in chapters():
+        assert ch in proc.stdout

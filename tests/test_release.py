@@ -1,0 +1,108 @@
+"""course/ is generated from solutions/, fresh, and free of solutions and hidden tests."""
+import re
+import zipfile
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from conftest import ROOT
+from grader.api import checks_for
+from grader.notebooks import chapters, defines, read_source
+from grader.release import release
+
+SOLUTION_RE = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
+HIDDEN_RE = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
+
+
+def test_chapters_exist():
+    assert {"ch00_memory", "ch01_lora"} <= set(chapters())
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    out = tmp_path_factory.mktemp("course")
+    release(dest=out)
+    return out
+
+
+@pytest.mark.parametrize("chapter", chapters())
+def test_course_is_fresh(chapter, fresh):
+    committed = nbformat.read(ROOT / "course" / f"{chapter}.ipynb", as_version=4)
+    regenerated = nbformat.read(fresh / f"{chapter}.ipynb", as_version=4)
+    assert committed == regenerated, f"course/{chapter}.ipynb is stale: run `python -m grader release`"
+
+
+@pytest.mark.parametrize("chapter", chapters())
+def test_every_test_cell_has_a_hidden_test(chapter):
+    nb = read_source(chapter)
+    tests = [c.metadata["nbgrader"]["grade_id"] for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert tests, f"{chapter} has no graded cell"
+    assert set(tests) == set(checks_for(chapter)), "test cells and registered hidden tests differ"
+    for c in nb.cells:
+        if c.metadata.get("nbgrader", {}).get("grade"):
+            assert HIDDEN_RE.search(c.source), f"{c.id} has no hidden-test region"
+
+
+@pytest.mark.parametrize("chapter", chapters())
+def test_each_exercise_cell_defines_exactly_its_name(chapter):
+    import ast
+
+    nb = read_source(chapter)
+    exercises = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")]
+    assert exercises
+    for c in exercises:
+        name = c.metadata["nbgrader"]["grade_id"]
+        tree = ast.parse(c.source)
+        top = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        assert top == [name], f"exercise cell {name} defines {top}, expected exactly [{name!r}]"
+        assert defines(c.source, name)
+        assert SOLUTION_RE.search(c.source), f"{name} has no solution region"
+
+
+def _bundle_texts(tmp_path):
+    """Everything a student receives: course/ notebooks plus the installed packages' files."""
+    texts = {p.name: p.read_text() for p in (ROOT / "course").glob("*.ipynb")}
+    wheel_dir = tmp_path / "wheel"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(wheel_dir), str(ROOT)], check=True, capture_output=True)
+    (wheel,) = wheel_dir.glob("*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        for n in names:
+            if n.endswith((".py", ".txt", ".json", ".md")):
+                texts[n] = z.read(n).decode("utf-8", "replace")
+    return texts, names
+
+
+def _secret_lines(source: str) -> list[str]:
+    """Lines that appear only inside solution or hidden-test regions of a chapter source."""
+    regions = SOLUTION_RE.findall(source) + HIDDEN_RE.findall(source)
+    public = SOLUTION_RE.sub("", HIDDEN_RE.sub("", source))
+    public_lines = {ln.strip() for ln in public.splitlines()}
+    return [ln.strip() for r in regions for ln in r.splitlines()
+            if len(ln.strip()) > 8 and not ln.strip().startswith("#") and ln.strip() not in public_lines]
+
+
+def test_student_bundle_has_no_solutions_or_hidden_tests(tmp_path):
+    texts, names = _bundle_texts(tmp_path)
+    assert not any(n.startswith(("grader/", "solutions/")) for n in names), "the grader must not be installed"
+    notebooks = {n: t for n, t in texts.items() if n.endswith(".ipynb")}
+    package = {n: t for n, t in texts.items() if not n.endswith(".ipynb")}
+    for chapter in chapters():
+        secret = _secret_lines((ROOT / "solutions" / f"{chapter}.py").read_text())
+        assert secret, f"{chapter} has no solution text to look for"
+        for line in secret:
+            for name, text in notebooks.items():
+                assert line not in text, f"solution/hidden line {line!r} of {chapter} leaks into {name}"
+        # Package files may share single idioms with a solution; three lines in a row may not.
+        for a, b, c in zip(secret, secret[1:], secret[2:]):
+            for name, text in package.items():
+                flat = [ln.strip() for ln in text.splitlines()]
+                for i in range(len(flat) - 2):
+                    assert flat[i:i + 3] != [a, b, c], f"solution lines of {chapter} appear in {name}"
+        hidden = (ROOT / "grader" / "hidden" / f"{chapter}.py").read_text()
+        for text in texts.values():
+            assert hidden not in text
+        assert not any("run_hidden" in t for t in notebooks.values())
