@@ -74,7 +74,8 @@ class saved_tensors:
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         key = _storage_key(t)
         if key not in self._seen:
-            is_state = isinstance(t, nn.Parameter) or key in self._state_keys
+            # Linear saves W.t(), a view: its base is the Parameter.
+            is_state = isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or key in self._state_keys
             self._seen[key] = SavedTensor(tuple(t.shape), t.dtype, key[3], is_state)
         return t
 

@@ -1,0 +1,165 @@
+"""The hidden test of ch00_memory accepts a correct predictor and rejects plausible wrong ones."""
+from __future__ import annotations
+
+import pytest
+from torch import nn
+
+from grader.api import LocalNamespace, checks_for
+
+COPIES = {"sgd": 0, "momentum": 1, "adam": 2}
+
+
+def _state(model, optimizer, copies=COPIES):
+    if optimizer not in copies:
+        raise ValueError(f"unknown optimizer {optimizer!r}: expected one of {', '.join(map(repr, copies))}")
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"params": params, "grads": params, "optimizer_state": copies[optimizer] * params}
+
+
+def _saved_values(model, *, linear_outputs_into_relu=False, loss=True, shared_twice=False,
+                  leading_relu_counts_x=False, relu_runs_once=False, first_input=True):
+    """Fp32 values autograd saves per example; the keywords switch on one misconception each."""
+    layers = list(model)
+    linears = [m for m in layers if isinstance(m, nn.Linear)]
+    first = layers.index(linears[0])
+    values = linears[0].in_features if first_input else 0
+    if leading_relu_counts_x and first > 0:
+        values += linears[0].in_features  # counts x and the ReLU output
+    if loss:
+        values += linears[-1].out_features  # the target
+    width = linears[0].in_features
+    for i in range(first, len(layers)):
+        layer, nxt = layers[i], layers[i + 1] if i + 1 < len(layers) else None
+        prev = layers[i - 1] if i > first else None
+        if isinstance(layer, nn.Linear):
+            width = layer.out_features
+            feeds_relu = isinstance(nxt, nn.ReLU)
+            if not feeds_relu and (loss or nxt is not None):
+                values += width  # saved by the next Linear, or as the MSE prediction
+            elif feeds_relu and linear_outputs_into_relu:
+                values += width
+        else:
+            if relu_runs_once and isinstance(prev, nn.ReLU):
+                continue
+            values += width  # ReLU saves its own output
+            if shared_twice and (nxt is None or isinstance(nxt, nn.Linear)):
+                values += width  # the same storage again, as the next consumer's input
+    return values
+
+
+def correct(model, batch_size, optimizer):
+    return {**_state(model, optimizer), "activations": 4 * batch_size * _saved_values(model)}
+
+
+def counts_linear_outputs_too(model, batch_size, optimizer):
+    return {**_state(model, optimizer),
+            "activations": 4 * batch_size * _saved_values(model, linear_outputs_into_relu=True)}
+
+
+def forgets_the_loss(model, batch_size, optimizer):
+    return {**_state(model, optimizer), "activations": 4 * batch_size * _saved_values(model, loss=False)}
+
+
+def counts_shared_storage_twice(model, batch_size, optimizer):
+    return {**_state(model, optimizer), "activations": 4 * batch_size * _saved_values(model, shared_twice=True)}
+
+
+def forgets_first_input(model, batch_size, optimizer):
+    return {**_state(model, optimizer), "activations": 4 * batch_size * _saved_values(model, first_input=False)}
+
+
+def leading_relu_saves_x(model, batch_size, optimizer):
+    return {**_state(model, optimizer),
+            "activations": 4 * batch_size * _saved_values(model, leading_relu_counts_x=True)}
+
+
+def relu_runs_counted_once(model, batch_size, optimizer):
+    return {**_state(model, optimizer), "activations": 4 * batch_size * _saved_values(model, relu_runs_once=True)}
+
+
+def counts_elements_not_bytes(model, batch_size, optimizer):
+    return {**_state(model, optimizer), "activations": batch_size * _saved_values(model)}
+
+
+def adam_one_copy(model, batch_size, optimizer):
+    return {**_state(model, optimizer, {"sgd": 0, "momentum": 1, "adam": 1}),
+            "activations": 4 * batch_size * _saved_values(model)}
+
+
+def momentum_without_state(model, batch_size, optimizer):
+    return {**_state(model, optimizer, {"sgd": 0, "momentum": 0, "adam": 2}),
+            "activations": 4 * batch_size * _saved_values(model)}
+
+
+def params_without_biases(model, batch_size, optimizer):
+    result = correct(model, batch_size, optimizer)
+    weights = sum(m.weight.numel() * 4 for m in model if isinstance(m, nn.Linear))
+    return {**result, "params": weights}
+
+
+def no_value_error(model, batch_size, optimizer):
+    params = sum(p.numel() * 4 for p in model.parameters())
+    return {"params": params, "grads": params, "optimizer_state": COPIES.get(optimizer, 0) * params,
+            "activations": 4 * batch_size * _saved_values(model)}
+
+
+def returns_a_tuple(model, batch_size, optimizer):
+    return tuple(correct(model, batch_size, optimizer).values())
+
+
+def misses_a_key(model, batch_size, optimizer):
+    result = correct(model, batch_size, optimizer)
+    result["optimizer"] = result.pop("optimizer_state")
+    return result
+
+
+def returns_a_module(model, batch_size, optimizer):
+    return model
+
+
+def runs_the_step_instead(model, batch_size, optimizer):
+    """Measures instead of predicting: right on real models, wrong on the grader's meta copies."""
+    from coursekit.steps import measure_training_step
+
+    return {**_state(model, optimizer), "activations": measure_training_step(model, batch_size).activation_bytes}
+
+
+WRONG = {
+    "runs_the_step_instead": (runs_the_step_instead, "activations"),
+    # name: (implementation, a phrase the failure message must contain)
+    "counts_linear_outputs_too": (counts_linear_outputs_too, "ReLU"),
+    "forgets_the_loss": (forgets_the_loss, "target"),
+    "counts_shared_storage_twice": (counts_shared_storage_twice, "counted once"),
+    "forgets_first_input": (forgets_first_input, "saves its input x"),
+    "leading_relu_saves_x": (leading_relu_saves_x, "before the first Linear"),
+    "relu_runs_counted_once": (relu_runs_counted_once, "two ReLUs in a row"),
+    "counts_elements_not_bytes": (counts_elements_not_bytes, "4 bytes"),
+    "adam_one_copy": (adam_one_copy, "Adam keeps two moments"),
+    "momentum_without_state": (momentum_without_state, "velocity"),
+    "params_without_biases": (params_without_biases, "biases"),
+    "no_value_error": (no_value_error, "ValueError"),
+    "returns_a_tuple": (returns_a_tuple, "got a tuple"),
+    "misses_a_key": (misses_a_key, "optimizer_state"),
+    "returns_a_module": (returns_a_module, "not plain data"),
+}
+
+
+def _run(fn):
+    checks_for("ch00_memory")["test_predict_training_memory"](LocalNamespace({"predict_training_memory": fn}))
+
+
+def test_correct_predictor_passes():
+    _run(correct)
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_wrong_predictor_fails(name):
+    fn, phrase = WRONG[name]
+    with pytest.raises(AssertionError) as info:
+        _run(fn)
+    assert phrase in str(info.value), str(info.value)
+
+
+def test_missing_function_is_reported():
+    with pytest.raises(NameError, match="predict_training_memory"):
+        checks_for("ch00_memory")["test_predict_training_memory"](LocalNamespace({}))
