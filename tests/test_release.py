@@ -1,4 +1,5 @@
 """course/ is generated from solutions/, fresh, and free of solutions and hidden tests."""
+import json
 import re
 import zipfile
 import subprocess
@@ -89,13 +90,15 @@ def test_student_bundle_has_no_solutions_or_hidden_tests(tmp_path):
     texts, names = _bundle_texts(tmp_path)
     assert not any(n.startswith(("grader/", "solutions/")) for n in names), "the grader must not be installed"
     notebooks = {n: t for n, t in texts.items() if n.endswith(".ipynb")}
+    notebook_lines = {n: {ln.strip() for c in json.loads(t)["cells"] for ln in "".join(c["source"]).splitlines()}
+                      for n, t in notebooks.items()}
     package = {n: t for n, t in texts.items() if not n.endswith(".ipynb")}
     for chapter in chapters():
         secret = _secret_lines((ROOT / "solutions" / f"{chapter}.py").read_text())
         assert secret, f"{chapter} has no solution text to look for"
         for line in secret:
-            for name, text in notebooks.items():
-                assert line not in text, f"solution/hidden line {line!r} of {chapter} leaks into {name}"
+            for name, lines in notebook_lines.items():
+                assert line not in lines, f"solution/hidden line {line!r} of {chapter} leaks into {name}"
         # Package files may share single idioms with a solution; three lines in a row may not.
         for a, b, c in zip(secret, secret[1:], secret[2:]):
             for name, text in package.items():
@@ -106,3 +109,10 @@ def test_student_bundle_has_no_solutions_or_hidden_tests(tmp_path):
         for text in texts.values():
             assert hidden not in text
         assert not any("run_hidden" in t for t in notebooks.values())
+
+
+@pytest.mark.parametrize("chapter", chapters())
+def test_leak_check_would_catch_an_unstripped_notebook(chapter):
+    secret = _secret_lines((ROOT / "solutions" / f"{chapter}.py").read_text())
+    reference_lines = {ln.strip() for c in read_source(chapter).cells for ln in c.source.splitlines()}
+    assert secret and all(line in reference_lines for line in secret)
