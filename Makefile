@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 PORT ?= 8888
 WORKERS ?= 2
 export PATH := $(abspath $(BIN)):$(PATH)
+# Jupyter refuses to run as root (containers, CI) unless told it may.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: lab test release selfcheck bench checkpoints clean help
 
@@ -25,7 +27,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) \
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) $(ALLOW_ROOT) \
 		--ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/course
 
 test: $(STAMP)

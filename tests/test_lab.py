@@ -44,11 +44,17 @@ def lab(tmp_path_factory):
         assert proc.poll() is None, f"make lab exited:\n{log.read()[-3000:]}"
         yield base, token, log
     finally:
+        _stop(proc)
+
+
+def _stop(proc):
+    try:
         os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=20)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_lab_prints_its_url(lab):
