@@ -22,6 +22,12 @@ def test_codec_round_trips_plain_data():
     assert out["dtype"] is torch.float16 and out["size"] == torch.Size([2, 3]) and out["big"] == 2**80
 
 
+def test_codec_round_trips_scalars():
+    for t in (torch.tensor(3.5), torch.tensor(7), torch.tensor(True), torch.tensor(1.5).bfloat16()):
+        out = decode(encode(t))
+        assert out.shape == () and out.dtype == t.dtype and torch.equal(out, t)
+
+
 def test_codec_sends_non_contiguous_views_as_values():
     x = torch.randn(4, 6)
     assert torch.equal(decode(encode(x.t())), x.t())

@@ -43,9 +43,10 @@ def _enc(v, depth: int):
         t = v.detach().to("cpu")
         if str(t.dtype) not in _DTYPES:
             raise NotTransferable(f"tensor dtype {t.dtype} cannot be fetched")
-        t = t.contiguous()
+        # reshape(-1): a 0-d tensor cannot be viewed as bytes directly.
+        t = t.contiguous().reshape(-1)
         raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        return {"__tensor__": str(t.dtype), "shape": list(t.shape),
+        return {"__tensor__": str(t.dtype), "shape": list(v.shape),
                 "data": base64.b64encode(raw).decode("ascii")}
     if isinstance(v, (list, tuple)):
         items = [_enc(x, depth + 1) for x in v]

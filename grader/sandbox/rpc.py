@@ -1,0 +1,437 @@
+"""The protocol between the judge and a sandbox worker, and the judge's end of it.
+
+Every message is one frame: a 4-byte big-endian length, then the body.
+
+Requests (judge → worker) are pickled tuples; the judge is trusted, and objects a check passes
+as arguments (tensors, an ``nn.Module`` it built) travel inside them. A :class:`Handle` inside
+an argument travels as the persistent id ``("handle", id)``::
+
+    ("program", cells, files)        write the submission's files, run the cells in order
+    ("global", name)                 a name the program defined          → handle
+    ("getattr", id, name)            an attribute                        → handle
+    ("getitem", id, key)             an item                             → handle
+    ("call", id, args, kwargs)       a call                              → handle
+    ("put", value)                   store a judge value                 → handle
+    ("fetch", id)                    the object as plain data            → value
+    ("apply", probe, args, kwargs)   run grader.probes.<probe> there     → value
+    ("release", ids)                 forget handles                      → ok
+
+Replies (worker → judge) are small JSON objects that :class:`Connection` validates field by
+field; values inside them are :mod:`grader.sandbox.codec` text. Nothing the worker sends is
+ever unpickled, and anything off-shape ends the problem as a malformed reply::
+
+    {"t": "handle", "id": 7, "type": "LinearNoBias"}
+    {"t": "value", "value": "<codec text>"}
+    {"t": "error", "where": "student" | "missing" | "transfer" | "request",
+     "types": ["ValueError", "Exception", ...], "message": "..."}
+    {"t": "done", "errors": [{"cell": 3, "error": "SyntaxError: ..."}]}
+    {"t": "ok"}
+
+Before any reply the worker may send out-of-band notices, which the judge records::
+
+    {"t": "violation", "what": "read grader/hidden/ch01_lora.py"}   a refused action
+    {"t": "limit", "kind": "memory"}                                  the memory limit was hit
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import select
+import time
+
+import grader.probes
+from grader.sandbox.codec import NotTransferable, decode
+
+HEADER_BYTES = 4
+MAX_REPLY = 64 * 1024**2  # bytes; a larger reply is malformed
+MAX_MESSAGE_CHARS = 500  # exception messages are cut to this length
+MAX_NOTICES = 64  # out-of-band notices per problem; more is malformed
+
+
+def frame(body: bytes) -> bytes:
+    return len(body).to_bytes(HEADER_BYTES, "big") + body
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def read_exact(fd: int, n: int) -> bytes | None:
+    """Blocking read of exactly ``n`` bytes; None on end of file (worker side)."""
+    chunks, left = [], n
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(fd: int) -> bytes | None:
+    head = read_exact(fd, HEADER_BYTES)
+    if head is None:
+        return None
+    body = read_exact(fd, int.from_bytes(head, "big"))
+    return body
+
+
+class Deadline(Exception):
+    """The worker did not answer before the problem's wall-clock deadline."""
+
+
+class Closed(Exception):
+    """The worker closed its end (it exited or was killed)."""
+
+
+class TooLarge(Exception):
+    """The worker announced a reply larger than :data:`MAX_REPLY`."""
+
+
+def read_exact_until(fd: int, n: int, deadline: float) -> bytes:
+    """Read exactly ``n`` bytes before ``deadline`` (``time.monotonic()``), judge side."""
+    chunks, left = [], n
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    while left:
+        timeout = deadline - time.monotonic()
+        if timeout <= 0:
+            raise Deadline()
+        if not poller.poll(timeout * 1000):
+            raise Deadline()
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise Closed()
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_reply_frame(fd: int, deadline: float) -> bytes:
+    size = int.from_bytes(read_exact_until(fd, HEADER_BYTES, deadline), "big")
+    if size > MAX_REPLY:
+        raise TooLarge(size)
+    return read_exact_until(fd, size, deadline)
+
+
+def describe_exception(exc: BaseException) -> dict:
+    """Class names along the MRO and a truncated message, computed defensively.
+
+    ``exc`` may come from student code: its ``__str__`` can raise or lie, and its class can
+    be named anything. The judge treats all of it as text to quote, never as a verdict.
+    """
+    try:
+        types = [str(c.__name__)[:100] for c in type(exc).__mro__][:16]
+    except Exception:  # noqa: BLE001 - a hostile metaclass can break even this
+        types = ["BaseException"]
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001
+        message = "<the exception's message could not be read>"
+    if not isinstance(message, str):
+        message = "<the exception's message could not be read>"
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS] + " [...]"
+    return {"types": types, "message": message}
+
+
+# --- the judge's side: errors, handles, the connection -------------------------------------
+
+class StudentError(Exception):
+    """The student's code raised while the judge used it (``LinearNoBias raised ValueError: ...``)."""
+
+    def __init__(self, label: str, types: list[str], message: str):
+        self.label, self.types, self.message = label, types, message
+        self.type_name = types[0] if types else "Exception"
+        super().__init__(f"{label} raised {self.type_name}: {message}")
+
+
+class MissingName(NameError):
+    """The notebook does not define a name the check asked for."""
+
+
+class MalformedReply(Exception):
+    """The worker sent something that is not a well-formed reply."""
+
+
+class Stop(BaseException):
+    """Ends a problem (time limit, crash, malformed reply). A BaseException, so that a check's
+    ``except Exception`` cannot swallow it."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+_COMPARE_HINT = "compare fetched values, not handles: use grader.api.fetch(...) first"
+
+
+class Handle:
+    """An object that lives in the student's process; see ``grader.api`` for how to use one."""
+
+    __slots__ = ("_worker", "_id", "_label", "__weakref__")
+
+    def __init__(self, worker: "Connection", hid: int, label: str):
+        object.__setattr__(self, "_worker", worker)
+        object.__setattr__(self, "_id", hid)
+        object.__setattr__(self, "_label", label)
+
+    def __getattr__(self, name: str) -> "Handle":
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return self._worker.handle(("getattr", self._id, name), f"{self._label}.{name}",
+                                   blame=self._label)
+
+    def __setattr__(self, name, value):
+        raise TypeError("handles are read-only; call a method of the remote object instead")
+
+    def __call__(self, *args, **kwargs) -> "Handle":
+        return self._worker.handle(("call", self._id, args, kwargs), None, blame=self._label)
+
+    def __getitem__(self, key) -> "Handle":
+        return self._worker.handle(("getitem", self._id, key), f"{self._label}[...]",
+                                   blame=self._label)
+
+    def _fetch_remote(self):
+        return self._worker.fetch(self)
+
+    def __repr__(self) -> str:
+        return f"<remote {self._label}>"
+
+    def __bool__(self):
+        raise TypeError(_COMPARE_HINT)
+
+    def __eq__(self, other):
+        raise TypeError(_COMPARE_HINT)
+
+    __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __eq__
+    __hash__ = object.__hash__
+
+    def __iter__(self):
+        raise TypeError("fetch the value before iterating over it")
+
+    def __reduce__(self):
+        raise TypeError("a handle can only be sent back to the process it came from")
+
+    def __del__(self):
+        worker = self._worker
+        if worker is not None:
+            worker.release_later(self._id)
+
+
+class RemoteNamespace:
+    """The student's definitions in the worker; same interface as ``grader.api.LocalNamespace``."""
+
+    def __init__(self, worker: "Connection"):
+        self._worker = worker
+
+    def __getattr__(self, name: str) -> Handle:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self[name]
+
+    def __getitem__(self, name: str) -> Handle:
+        return self._worker.handle(("global", str(name)), str(name), blame=str(name))
+
+    def put(self, value) -> Handle:
+        """Copy a judge value (tensor, module) into the student's process; return its handle."""
+        return self._worker.handle(("put", value), type(value).__name__)
+
+    def apply(self, fn, *args, **kwargs):
+        """Run ``grader.probes.<fn>`` in the student's process; return its result as plain data."""
+        name = getattr(fn, "__name__", "")
+        if getattr(grader.probes, name, None) is not fn or name.startswith("_"):
+            raise ValueError(f"nb.apply only runs functions of grader.probes, not {fn!r}")
+        reply = self._worker.request(("apply", name, args, kwargs))
+        return self._worker.value(reply, blame=f"probes.{name}")
+
+
+# --- the judge's view of one worker ----------------------------------------------------------
+
+class _Pickler(pickle.Pickler):
+    """Pickles a request; handles travel as references to the worker's table.
+
+    Objects defined in hidden-test modules are refused: the worker could not import them,
+    and a reference implementation must never reach the student's process.
+    """
+
+    def __init__(self, file, worker):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._worker = worker
+
+    def persistent_id(self, obj):
+        if type(obj) is Handle:
+            if obj._worker is not self._worker:
+                raise ValueError("this handle belongs to another problem's process")
+            return ("handle", obj._id)
+        return None
+
+    def reducer_override(self, obj):
+        for candidate in (obj, type(obj)):
+            module = getattr(candidate, "__module__", None)
+            if isinstance(module, str) and module.startswith(("grader.hidden", "__main__")):
+                raise TypeError(f"{module} objects cannot be sent to the student's process")
+        return NotImplemented
+
+
+class Connection:
+    """The judge's end of one worker's pipes: requests out, validated replies in.
+
+    Subclasses say why the worker went away (:meth:`death_reason`) and how long it may take
+    (``deadline``, ``time.monotonic()`` seconds; ``wall_seconds`` for messages).
+    """
+
+    def __init__(self, req_fd: int, rep_fd: int, deadline: float, wall_seconds: float):
+        self.req_fd, self.rep_fd = req_fd, rep_fd
+        self.deadline, self.wall_seconds = deadline, wall_seconds
+        self.violations: list[str] = []
+        self.memory_hit = False
+        self.cell_errors: list[dict] = []
+        self.notices = 0
+        self.pending_release: list[int] = []
+        self.closed = False
+
+    # transport
+    def request(self, message) -> dict:
+        if self.closed:
+            raise Stop("the submission's process has already stopped")
+        if self.pending_release and message[0] != "release":
+            ids, self.pending_release = self.pending_release, []
+            self._roundtrip(("release", ids))
+        return self._roundtrip(message)
+
+    def death_reason(self) -> str:
+        return "your code's process stopped unexpectedly"
+
+    def _roundtrip(self, message) -> dict:
+        buf = io.BytesIO()
+        _Pickler(buf, self).dump(message)
+        try:
+            self._write(frame(buf.getvalue()))
+            while True:
+                reply = self._parse(read_reply_frame(self.rep_fd, self.deadline))
+                if reply is not None:
+                    return reply
+        except (Deadline, TimeoutError):
+            raise Stop(f"your code did not finish within the time limit of "
+                       f"{self.wall_seconds:g} s") from None
+        except (Closed, BrokenPipeError):
+            raise Stop(self.death_reason()) from None
+        except (TooLarge, MalformedReply):
+            raise Stop("the submission's process sent a malformed reply") from None
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        poller = select.poll()
+        poller.register(self.req_fd, select.POLLOUT | select.POLLERR | select.POLLHUP)
+        while view:
+            timeout = self.deadline - time.monotonic()
+            if timeout <= 0 or not poller.poll(timeout * 1000):
+                raise Deadline()
+            try:
+                n = os.write(self.req_fd, view[: 1 << 16])
+            except BlockingIOError:
+                continue
+            view = view[n:]
+
+    def _parse(self, body: bytes) -> dict | None:
+        """A reply, or None after recording an out-of-band notice."""
+        try:
+            msg = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise MalformedReply() from None
+        if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
+            raise MalformedReply()
+        kind = msg["t"]
+        if kind in ("violation", "limit"):
+            self.notices += 1
+            if self.notices > MAX_NOTICES:
+                raise MalformedReply()
+            if kind == "violation" and _is_text(msg.get("what"), 300) and len(msg) == 2:
+                self.violations.append(msg["what"])
+            elif kind == "limit" and msg.get("kind") == "memory" and len(msg) == 2:
+                self.memory_hit = True
+            else:
+                raise MalformedReply()
+            return None
+        checks = {
+            "handle": lambda: _is_int(msg.get("id")) and _is_text(msg.get("type"), 200) and len(msg) == 3,
+            "value": lambda: _is_text(msg.get("value"), MAX_REPLY) and len(msg) == 2,
+            "error": lambda: (msg.get("where") in ("student", "missing", "transfer", "request")
+                              and isinstance(msg.get("types"), list) and 0 < len(msg["types"]) <= 16
+                              and all(_is_text(t, 100) for t in msg["types"])
+                              and _is_text(msg.get("message"), MAX_MESSAGE_CHARS + 10)
+                              and len(msg) == 4),
+            "done": lambda: (isinstance(msg.get("errors"), list) and len(msg["errors"]) <= 100
+                             and all(isinstance(e, dict) and set(e) == {"cell", "error"}
+                                     and _is_int(e["cell"], lo=0) and _is_text(e["error"], 300)
+                                     for e in msg["errors"]) and len(msg) == 2),
+            "ok": lambda: len(msg) == 1,
+        }
+        if kind not in checks or not checks[kind]():
+            raise MalformedReply()
+        return msg
+
+    # operations
+    def handle(self, message, label: str | None, blame: str | None = None) -> Handle:
+        reply = self.request(message)
+        if reply["t"] == "handle":
+            return Handle(self, reply["id"], label or reply["type"])
+        self.raise_error(reply, blame or label or "your code", message)
+        raise Stop("the submission's process sent a malformed reply")
+
+    def value(self, reply: dict, blame: str):
+        if reply["t"] == "value":
+            try:
+                return decode(reply["value"])
+            except Exception:  # noqa: BLE001 - whatever fails to decode is malformed
+                raise Stop("the submission's process sent a malformed reply") from None
+        self.raise_error(reply, blame, None)
+        raise Stop("the submission's process sent a malformed reply")
+
+    def fetch(self, handle: Handle):
+        return self.value(self.request(("fetch", handle._id)), handle._label)
+
+    def raise_error(self, reply: dict, blame: str, message) -> None:
+        if reply["t"] != "error":
+            return
+        where = reply["where"]
+        if where == "student":
+            raise StudentError(blame, reply["types"], reply["message"])
+        if where == "missing":
+            name = message[1] if message and message[0] == "global" else blame
+            text = f"the notebook does not define {name!r}: did you run its exercise cell?"
+            if self.cell_errors:
+                first = self.cell_errors[0]["error"]
+                text += f" (one of your cells raised {first})"
+            raise MissingName(text)
+        if where == "transfer":
+            raise NotTransferable(reply["message"])
+        raise RuntimeError(f"the grader's request failed in the submission's process: "
+                           f"{reply['message'][:200]}")
+
+    def release_later(self, hid: int) -> None:
+        if not self.closed:
+            self.pending_release.append(hid)
+
+    def run_program(self, program: list[str], files: dict[str, bytes]) -> None:
+        # The submission's files go straight to the worker, never through the fork server,
+        # so no student's work ever sits in the memory that later workers are forked from.
+        reply = self.request(("program", list(program), files))
+        if reply["t"] != "done":
+            raise Stop("the submission's process sent a malformed reply")
+        self.cell_errors = reply["errors"]
+
+def _is_text(v, limit: int) -> bool:
+    return type(v) is str and len(v) <= limit
+
+
+def _is_int(v, lo: int = 1) -> bool:
+    return type(v) is int and lo <= v < 2**53
+
+

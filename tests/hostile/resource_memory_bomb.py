@@ -1,0 +1,21 @@
+"""Exhaust memory: one huge allocation, then unbounded growth inside the exercise function."""
+THREAT = "resources"
+DEFENCE = ("RLIMIT_AS turns the allocations into MemoryError (or kills the worker); the worker "
+           "reports the limit and the problem fails with a memory-limit message.")
+EXPECT = "memory limit"
+TRICK = '''\
+try:
+    hoard = bytearray(10**11)
+except MemoryError:
+    pass
+try:
+    big = torch.empty(10**11)
+except RuntimeError:
+    pass
+_wrong = scaled_sum
+
+def scaled_sum(x, alpha):
+    hoard = []
+    while True:
+        hoard.append(bytearray(10**8))
+'''
