@@ -9,12 +9,14 @@ The noise makes every sequence different and forces the model to read the two pr
 tokens (a clean sequence would be fixed by its first two). Only tokens produced by the rule
 are scored: their target is the token; every other target is -100 (ignored by the loss).
 
-* The *source* task (pretraining) uses ``s_t = s_{t-1} + s_{t-2}``.
-* The *target* task (fine-tuning) uses ``s_t = s_{t-1} - s_{t-2}``. The input distribution
-  and what to look at (the two previous tokens) are unchanged; only the arithmetic the MLPs
-  compute must change. A pretrained model already routes the right tokens through
-  attention, so a small update inside the blocks adapts it, while retraining the output
-  layer alone cannot: the features it sees encode ``a + b``, not ``a - b``.
+* The *source* task (pretraining) is Fibonacci: ``s_t = s_{t-1} + s_{t-2}``.
+* The *target* task (fine-tuning) is Pell: ``s_t = 2 s_{t-1} + s_{t-2}``. The input
+  distribution and what to look at (the two previous tokens) are unchanged; only the
+  arithmetic must change. A pretrained model already routes the right tokens through
+  attention, so a small update inside the blocks adapts it (LoRA from rank 2, adapters), while
+  retraining the output layer alone cannot: the features it reads were shaped for ``a + b``.
+  The same budget from scratch gets nowhere (about 25% after 200 steps, against 100% from the
+  pretrained checkpoint), so pretraining clearly helps.
 """
 from __future__ import annotations
 
@@ -25,11 +27,11 @@ import torch
 
 # rule(a = s_{t-1}, b = s_{t-2}, V) -> s_t, on int64 tensors.
 RULES: dict[str, Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]] = {
-    "add": lambda a, b, V: (a + b) % V,
-    "sub": lambda a, b, V: (a - b) % V,
+    "fibonacci": lambda a, b, V: (a + b) % V,
+    "pell": lambda a, b, V: (2 * a + b) % V,
 }
-SOURCE_RULE = "add"
-TARGET_RULE = "sub"
+SOURCE_RULE = "fibonacci"
+TARGET_RULE = "pell"
 
 
 @dataclass
@@ -44,7 +46,7 @@ class TokenTask:
     """Inputs and next-token targets of one split."""
 
     x: torch.Tensor  # (N, T) int64 token ids
-    y: torch.Tensor  # (N, T) int64: y[:, t] = x[:, t + 1] (or the token after x), -100 if not scored
+    y: torch.Tensor  # (N, T) int64: y[:, t] = x[:, t + 1] (the token after x for the last t), -100 if not scored
 
     def __len__(self) -> int:
         return len(self.x)
@@ -54,7 +56,7 @@ def make_task(rule: str, n: int, seed: int, cfg: TaskConfig | None = None) -> To
     """Generate ``n`` sequences that follow ``rule`` (a key of :data:`RULES`).
 
     Args:
-        rule: "add" (source task) or "sub" (target task).
+        rule: "fibonacci" (source task) or "pell" (target task).
         n: number of sequences.
         seed: seed of the generator; the same arguments always give the same tensors.
         cfg: vocabulary size, length and noise level.
