@@ -6,12 +6,13 @@ full marks by changing how the tests run. Here the two never share a process:
 * the **judge** (this module, inside the autograder's process) runs the hidden check
   functions, computes every reference and makes every comparison. It never executes student
   code and never unpickles anything the student's process sends;
-* a **worker** (``worker.py``), forked for each (submission, problem) from a server that has
-  imported torch but never run student code, executes the *program* (the release's setup
-  cells, then the student's exercise cells) and then answers the judge's requests
-  (``rpc.py``): a global, an attribute, a call, a judge value put in, a value fetched as plain
-  data (:mod:`grader.sandbox.codec`), a function of :mod:`grader.probes` applied there.
-  Objects stay in the worker; the check holds :class:`Handle` objects that name them.
+* a **worker** (``worker.py``), forked for each (submission, problem) from a server
+  (``forkserver.py``, held by the judge through ``supervisor.py``) that has imported torch but
+  never run student code, executes the *program* (the release's setup cells, then the
+  student's exercise cells) and then answers the judge's requests (``rpc.py``): a global, an
+  attribute, a call, a judge value put in, a value fetched as plain data
+  (:mod:`grader.sandbox.codec`), a function of :mod:`grader.probes` applied there. Objects
+  stay in the worker; the check holds :class:`Handle` objects that name them (``handles.py``).
 
 Threat → defence (a determined student controls everything inside the worker):
 
@@ -22,12 +23,13 @@ Threat → defence (a determined student controls everything inside the worker):
    ``torch.nn.modules.module``, ``torch.autograd.*``, ``torch._C.*``, the flop counter and
    dispatch modules, ``coursekit.*``, ``grader.*``, ``builtins``, ``json`` and a few other
    stdlib modules, and in the classes they define, must still be the object the fork server
-   saw before any student code ran (``policy.integrity_check``); otherwise the problem fails with
-   "your code tried to replace ...".
+   saw before any student code ran (``integrity.integrity_check``); otherwise the problem fails
+   with "your code tried to replace ...".
 2. *Changing how later cells run* (IPython hooks, input transformers, custom exception
    handlers, ``sys.settrace``, redefined names): there are no later cells. Hidden checks run in
    the judge; ``get_ipython()`` in the worker is an inert object; tracing and profiling hooks
-   are refused and reported, frame and traceback internals refused, by the audit hook.
+   are refused and reported, frame and traceback internals refused, by the audit hook
+   (``policy.py``).
 3. *Replacing the grader's modules* (``sys.meta_path``, ``sys.modules['grader.api']``): the
    grader that decides lives in the judge. In the worker, importing ``grader.*`` is refused and
    reported, and the files are not there (see 4). Replies are validated field by field, so a
@@ -44,16 +46,17 @@ Threat → defence (a determined student controls everything inside the worker):
    later workers are forked from. Student output goes to a capped file that is never shown;
    a reason quotes only the check's own message or the student's exception message.
 5. *Writing where it must not* (gradebook, course, other submissions, network): the worker
-   runs as a uid of its own (``worker.UID_BASE`` + its pid) that owns nothing but its
+   runs as a uid of its own (``forkserver.UID_BASE`` + its pid) that owns nothing but its
    directory on a ``noexec`` tmpfs; everything else it sees is read-only; it has a network
    namespace of its own with no interface up. The audit hook refuses and reports writes
    outside its directory, sockets, ctypes calls it can see, subprocesses, signals and sqlite.
 6. *Resource abuse*: ``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_NPROC`` (processes and
    threads of that uid: fork and thread bombs), ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, no core
-   dumps; Python threads and ``fork`` are refused outright. The judge enforces the wall-clock
-   limit with ``poll`` deadlines on every read and write, caps replies at 64 MiB, and on every
-   exit path (``KeyboardInterrupt`` included) kills the worker's process group and every
-   process of its uid, has the server reap it, and removes its directory.
+   dumps (``confine.py``); Python threads and ``fork`` are refused outright. The judge
+   enforces the wall-clock limit with ``poll`` deadlines on every read and write, caps replies
+   at 64 MiB, and on every exit path (``KeyboardInterrupt`` included) kills the worker's
+   process group and every process of its uid, has the server reap it, and removes its
+   directory (``supervisor.py``).
 
 Isolation modes, strongest first (``isolation_modes()``): ``chroot`` needs root and
 ``unshare``/``mount``. ``userns`` (unprivileged user, mount and network namespaces: no
@@ -93,33 +96,21 @@ Residual risks, stated plainly:
 """
 from __future__ import annotations
 
-import atexit
-import math
 import os
-import pickle
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import threading
-import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from grader.api import checks_for
 from grader.sandbox.codec import NotTransferable
 from grader.sandbox.rpc import (  # noqa: F401 - StudentError, Handle, RemoteNamespace: public here
-    Connection, Handle, MissingName, RemoteNamespace, Stop, StudentError)
-from grader.sandbox.worker import recv_msg, send_msg
+    Handle, MissingName, RemoteNamespace, Stop, StudentError)
+from grader.sandbox.supervisor import (  # noqa: F401 - all but format_size: public here
+    CONTROL_SECONDS, REPO_ROOT, SERVER_START_SECONDS, format_size, isolation_modes, shutdown)
+# _run_one looks the server up in this module, where a caller may substitute another mode.
+from grader.sandbox.supervisor import fork_server as _server
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 MAX_SUBMISSION_BYTES = 64 * 1024**2  # files copied into the worker's directory, in total
 MAX_SUBMISSION_FILES = 500
-SERVER_START_SECONDS = 180.0
-CONTROL_SECONDS = 60.0  # the fork server answers spawn/reap well within this
 
 
 @dataclass
@@ -135,263 +126,6 @@ class Outcome:
     grade_id: str
     passed: bool
     reason: str  # "" when passed; otherwise a message safe to show the student
-
-
-class _Worker(Connection):
-    """One problem's worker process, as the judge sees it."""
-
-    def __init__(self, server: "_Server", pid: int, uid: int, req_fd: int, rep_fd: int,
-                 deadline: float, limits: Limits):
-        super().__init__(req_fd, rep_fd, deadline, limits.wall_seconds)
-        self.server, self.pid, self.uid, self.limits = server, pid, uid, limits
-        self.status = None
-
-    def death_reason(self) -> str:
-        # A process that is exiting closes its files a moment before it becomes a zombie.
-        for _ in range(20):
-            if self.closed or not _running(self.pid):
-                break
-            time.sleep(0.01)
-        else:
-            self.close()
-            return "your code's process stopped answering the grader (it closed its pipes)"
-        self.close()
-        status = self.status
-        if status is None:
-            return "your code's process stopped unexpectedly"
-        if os.WIFSIGNALED(status):
-            sig = os.WTERMSIG(status)
-            if sig == signal.SIGXCPU:
-                return (f"your code used more CPU time than the time limit of "
-                        f"{_seconds(self.limits.wall_seconds)} allows")
-            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-            return (f"your code's process was stopped by signal {name} (it may have exceeded the "
-                    f"memory limit of {_size(self.limits.memory_bytes)})")
-        return f"your code's process exited early (status {os.WEXITSTATUS(status)})"
-
-    def close(self) -> None:
-        """Kill the worker's process group and every process of its uid; reap; remove its dir."""
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for fd in (self.req_fd, self.rep_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.status = self.server.reap(self.pid)
-        if self.server.info.get("own_uid"):
-            _kill_uid(self.uid)  # anything that left the process group (setsid) goes too
-
-
-
-def _seconds(s: float) -> str:
-    return f"{s:g} s"
-
-
-def _size(n: int) -> str:
-    return f"{n / 1024**3:.3g} GiB" if n >= 1024**3 else f"{n / 1024**2:.3g} MiB"
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is alive and not a zombie waiting to be reaped."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every live process owned by ``uid`` (a worker's uid is its alone)."""
-    for _ in range(10):
-        killed = False
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/status") as f:
-                    fields = dict(line.split(":", 1) for line in f if ":" in line)
-            except OSError:
-                continue
-            zombie = fields.get("State", "").strip().startswith("Z")
-            if zombie or int(fields.get("Uid", "-1 ").split()[0]) != uid:
-                continue
-            try:
-                os.kill(int(entry), signal.SIGKILL)
-                killed = True
-            except ProcessLookupError:
-                pass
-        if not killed:
-            return
-        time.sleep(0.01)
-
-
-# --- the fork server ----------------------------------------------------------------------------
-
-class _Server:
-    """One long-lived fork server; see ``worker.py``."""
-
-    def __init__(self, mode: str):
-        self.mode = mode
-        self.lock = threading.Lock()
-        self.broken = False
-        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock = parent
-        self.log = tempfile.TemporaryFile()
-        cmd = [sys.executable, "-m", "grader.sandbox.worker", "--control", str(child.fileno()),
-               "--repo", str(REPO_ROOT), "--mode", mode]
-        unshare = shutil.which("unshare") or "unshare"
-        if mode == "chroot":
-            cmd = [unshare, "--mount", "--net", "--ipc", "--uts", "--propagation", "private",
-                   "--"] + cmd
-        elif mode == "userns":
-            cmd = [unshare, "--user", "--map-root-user", "--mount", "--net", "--ipc",
-                   "--propagation", "private", "--"] + cmd
-        self.proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], cwd=REPO_ROOT,
-                                     env=_server_env(), stdin=subprocess.DEVNULL,
-                                     stdout=self.log, stderr=self.log, start_new_session=True)
-        child.close()
-        self.sock.settimeout(SERVER_START_SECONDS)
-        try:
-            msg, _ = recv_msg(self.sock)
-        except (OSError, EOFError, pickle.UnpicklingError):
-            msg = None
-        if not msg or msg[0] != "ready":
-            self.close()
-            self.log.seek(0)
-            tail = self.log.read()[-2000:].decode("utf-8", "replace")
-            raise RuntimeError(f"the sandbox server ({mode} mode) did not start:\n{tail}")
-        self.sock.settimeout(CONTROL_SECONDS)
-        self.info = msg[1]
-
-    def alive(self) -> bool:
-        return not self.broken and self.proc.poll() is None
-
-    def _exchange(self, message, fds=()):
-        """One request/answer on the control socket; any failure retires this server."""
-        with self.lock:
-            try:
-                send_msg(self.sock, message, fds=fds)
-                answer, _ = recv_msg(self.sock)
-            except BaseException:
-                self.broken = True  # the conversation is out of step: never reuse it
-                self.proc.kill()
-                raise
-        if answer is None:
-            self.broken = True
-            raise RuntimeError("the sandbox server stopped")
-        return answer
-
-    def spawn(self, limits: Limits) -> _Worker:
-        floor = self.info["vm_bytes"] + 256 * 1024**2
-        if limits.memory_bytes < floor:
-            raise ValueError(f"Limits.memory_bytes must be at least {floor} here: the worker "
-                             f"starts with {self.info['vm_bytes']} bytes of address space mapped")
-        req_r, req_w = os.pipe()
-        rep_r, rep_w = os.pipe()
-        spec = {"output_bytes": int(limits.output_bytes),
-                "limits": {"memory_bytes": int(limits.memory_bytes),
-                           "cpu_seconds": int(math.ceil(limits.wall_seconds)) + 1,
-                           "max_processes": int(limits.max_processes)}}
-        deadline = time.monotonic() + limits.wall_seconds
-        try:
-            answer = self._exchange(("spawn", spec), fds=[req_r, rep_w])
-        except BaseException:
-            os.close(req_w)
-            os.close(rep_r)
-            raise
-        finally:
-            os.close(req_r)
-            os.close(rep_w)
-        _, pid, uid, _workdir = answer
-        os.set_blocking(req_w, False)
-        return _Worker(self, pid, uid, req_w, rep_r, deadline, limits)
-
-    def reap(self, pid: int):
-        """Have the server kill, wait for and clean up a worker; its wait status, or None."""
-        if not self.alive():
-            return None
-        answer = self._exchange(("reap", pid))
-        return answer[1] if answer[0] == "reaped" else None
-
-    def close(self) -> None:
-        try:
-            send_msg(self.sock, ("exit",))
-        except OSError:
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.sock.close()
-        work_base = getattr(self, "info", {}).get("work_base", "")
-        if self.mode != "chroot" and work_base.startswith(tempfile.gettempdir()):
-            shutil.rmtree(work_base, ignore_errors=True)
-
-
-def _server_env() -> dict:
-    env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8",
-           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"}
-    for key in ("HOME", "COURSE_FAST", "TRITON_INTERPRET", "PYTHONHASHSEED"):
-        if key in os.environ:
-            env[key] = os.environ[key]
-    return env
-
-
-def isolation_modes() -> list[str]:
-    """The isolation modes this machine supports, strongest first."""
-    modes = []
-    unshare = shutil.which("unshare")
-    if unshare and os.geteuid() == 0 and shutil.which("mount"):
-        modes.append("chroot")
-    if unshare and subprocess.run([unshare, "--user", "--map-root-user", "--mount", "--net", "true"],
-                                  capture_output=True).returncode == 0:
-        modes.append("userns")
-    return modes + ["plain"]
-
-
-_SERVERS: dict[tuple, _Server] = {}
-_SERVERS_LOCK = threading.Lock()
-_DEFAULT_MODE: list[str] = []
-
-
-def _server(mode: str | None = None) -> _Server:
-    """The running server for ``mode`` (default: the strongest that starts), started on demand."""
-    with _SERVERS_LOCK:
-        modes = [mode] if mode else (_DEFAULT_MODE or isolation_modes())
-        errors = []
-        for m in modes:
-            key = (m, os.environ.get("COURSE_FAST", ""))
-            server = _SERVERS.get(key)
-            if server is None or not server.alive():
-                try:
-                    server = _SERVERS[key] = _Server(m)
-                except RuntimeError as e:
-                    errors.append(str(e))
-                    continue
-            if mode is None and not _DEFAULT_MODE:
-                _DEFAULT_MODE.append(m)
-                if errors:
-                    warnings.warn(f"grading sandbox running in {m!r} mode, weaker than "
-                                  f"{modes[0]!r}: {errors[0][:300]}", RuntimeWarning, stacklevel=3)
-            return server
-        raise RuntimeError("no sandbox could be started:\n" + "\n".join(errors))
-
-
-@atexit.register
-def shutdown() -> None:
-    """Stop every fork server (their workers die with them)."""
-    with _SERVERS_LOCK:
-        for server in _SERVERS.values():
-            server.close()
-        _SERVERS.clear()
 
 
 # --- public entry point -------------------------------------------------------------------------
@@ -462,7 +196,7 @@ def _run_one(grade_id: str, check, program: list[str], files: dict, limits: Limi
             passed = False
             reason = f"your code tried to {worker.violations[0]}, which is not allowed during grading"
         elif worker.memory_hit and not passed:
-            reason = f"your code exceeded the memory limit of {_size(limits.memory_bytes)}"
+            reason = f"your code exceeded the memory limit of {format_size(limits.memory_bytes)}"
         return Outcome(grade_id, passed, "" if passed else _printable(reason))
     finally:
         worker.close()

@@ -1,10 +1,12 @@
-"""What the sandbox worker may do: resource limits, privilege drop, audit hook, integrity check.
+"""What the sandbox worker may do: the audit hook and what it makes of each event.
 
-Everything here runs inside the worker before the first line of student code, in this order:
-:func:`apply_limits` (rlimits, as root) → :func:`drop_privileges` (a uid of its own) →
-:func:`harden` (no new privileges, die with the fork server) → :func:`disarm` →
-:func:`install_audit_hook` (irrevocable). :func:`snapshot` is taken earlier, in the fork
-server; :func:`integrity_check` compares against it before a trusted probe runs.
+Everything here runs inside the worker before the first line of student code. The worker's
+lockdown, in order: ``confine.settle_environment`` → ``confine.apply_limits`` (rlimits, as
+root) → ``confine.drop_privileges`` (a uid of its own) → ``confine.harden`` (no new
+privileges, die with the fork server) → :func:`disarm` → :func:`install_audit_hook`
+(irrevocable), which enforces the worker's ``rules.Rules``. ``integrity.snapshot`` is taken
+earlier, in the fork server; ``integrity.integrity_check`` compares against it before a
+trusted probe runs.
 
 The audit hook is the in-process layer: it turns what a submission must not do into a
 ``PermissionError`` (or ``ImportError``) with a clear message, and *reports* the serious
@@ -16,36 +18,18 @@ grading needs, as a uid that owns nothing, without network (see ``judge.py``).
 from __future__ import annotations
 
 import os
-import resource
-import signal
 import sys
-import sysconfig
-from dataclasses import dataclass
 from types import FunctionType, ModuleType
+
+# The other lockdown steps and the rules, importable from here too.
+from grader.sandbox.confine import (  # noqa: F401
+    FILE_BYTES, OPEN_FILES, apply_limits, drop_privileges, harden)
+from grader.sandbox.integrity import (  # noqa: F401
+    VOLATILE, WATCHED_MODULES, WATCHED_TREES, integrity_check, snapshot)
+from grader.sandbox.rules import DANGEROUS, LIBRARIES, Rules, rules_for  # noqa: F401
 
 DENIED = "is not allowed during grading"
 
-# Top-level modules a submission may import (besides the standard library).
-LIBRARIES = frozenset({
-    "torch", "torchgen", "functorch", "numpy", "coursekit", "kernels", "triton",
-    "matplotlib", "mpl_toolkits", "matplotlib_inline", "PIL", "contourpy", "cycler", "dateutil",
-    "fontTools", "kiwisolver", "pyparsing", "packaging", "six", "tqdm", "sklearn", "scipy",
-    "joblib", "threadpoolctl", "sympy", "mpmath", "networkx", "jinja2", "markupsafe", "filelock",
-    "fsspec", "typing_extensions", "ipywidgets", "traitlets", "comm", "IPython", "pygments",
-    "einops", "safetensors", "tzdata",
-})
-# Modules whose only use in a submission would be an attack: importing one is refused and
-# reported. (Debuggers and profilers are importable; installing their hooks is what is refused.)
-DANGEROUS = frozenset({
-    "ctypes", "_ctypes", "cffi", "_cffi_backend", "subprocess", "_posixsubprocess",
-    "multiprocessing", "_multiprocessing", "_posixshmem", "pty", "ptyprocess", "pexpect",
-    "socket", "_socket", "ssl", "_ssl", "socketserver", "http", "urllib", "urllib3", "requests",
-    "httpx", "ftplib", "smtplib", "poplib", "imaplib", "nntplib", "telnetlib", "xmlrpc",
-    "webbrowser", "sqlite3", "_sqlite3", "dbm", "_dbm", "_gdbm", "_xxsubinterpreters",
-    "_xxinterpchannels", "_testcapi", "_testinternalcapi", "_testbuffer", "_testmultiphase",
-    "_testimportmultiple", "_testclinic", "_testsinglephase", "posix", "_thread", "psutil",
-    "zmq", "tornado", "grader", "solutions", "tests",
-})
 _PROCESS = {"os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
             "subprocess.Popen", "pty.spawn", "os.startfile"}
 _SIGNALS = {"os.kill", "os.killpg", "signal.pthread_kill"}
@@ -111,118 +95,7 @@ class DeniedImport(ModuleNotFoundError):
     """An import the grading sandbox refuses (a ModuleNotFoundError, so optional imports fall back)."""
 
 
-@dataclass(frozen=True)
-class Rules:
-    """What the worker may touch. Paths are absolute and normalised, without trailing slash."""
-
-    workdir: str  # the worker's own directory: the only place it may write
-    repo_root: str  # shown as relative paths in messages
-    read_roots: tuple[str, ...]  # directories that may be read and listed
-    read_files: tuple[str, ...]  # single files that may be read
-    code_roots: tuple[str, ...]  # code compiled from files here is library code
-    code_files: tuple[str, ...]  # the grader's own pre-imported modules
-    quiet_roots: tuple[str, ...]  # system directories: refused reads there are not reported
-    modules: frozenset[str]  # top-level modules importable while submission code runs
-
-
-def _normpath(path: str) -> str:
-    return os.path.normpath(os.path.abspath(path))
-
-
-def rules_for(workdir: str, repo_root: str, grader_files: tuple[str, ...]) -> Rules:
-    """The rules for a worker whose own directory is ``workdir``."""
-    paths = sysconfig.get_paths()
-    libs = {paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"],
-            os.path.join(sys.base_prefix, "lib", "python%d%d.zip" % sys.version_info[:2])}
-    libs |= {os.path.realpath(p) for p in libs}
-    repo = _normpath(repo_root)
-    course = tuple(os.path.join(repo, d) for d in ("coursekit", "kernels", "data"))
-    code_roots = tuple(sorted(_normpath(p) for p in libs)) + course[:2]
-    prefixes = {_normpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-    prefixes |= {os.path.realpath(p) for p in prefixes}
-    read_roots = code_roots + course[2:] + tuple(sorted(prefixes)) + (
-        _normpath(workdir), "/sys/devices/system/cpu",
-        "/usr/share/zoneinfo", "/usr/share/fonts", "/usr/share/matplotlib")
-    # /proc/self only file by file: its root, cwd and fd links lead anywhere.
-    proc = ("/proc/self/" + f for f in ("maps", "status", "stat", "statm", "cmdline", "limits",
-                                        "auxv", "smaps", "smaps_rollup", "cgroup", "mountinfo",
-                                        "mounts", "comm", "io", "oom_score", "fd", "task"))
-    read_files = tuple(grader_files) + tuple(proc) + (
-        "/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/etc/localtime",
-        "/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/etc/ld.so.cache")
-    stdlib = frozenset(m for m in sys.stdlib_module_names if not m.startswith("_test"))
-    return Rules(
-        workdir=_normpath(workdir), repo_root=repo, read_roots=read_roots,
-        read_files=read_files, code_roots=code_roots, code_files=tuple(grader_files),
-        quiet_roots=("/etc", "/proc", "/sys", "/usr", "/lib", "/lib64", "/lib32", "/bin",
-                     "/sbin", "/dev", "/run", "/var", "/opt", "/snap", "/nix"),
-        modules=(stdlib | LIBRARIES) - DANGEROUS,
-    )
-
-
-# --- limits and privileges ----------------------------------------------------------------
-
-FILE_BYTES = 64 * 1024**2  # largest file the worker may write (its own directory only)
-OPEN_FILES = 256
-
-
-def apply_limits(memory_bytes: int, cpu_seconds: int, max_processes: int,
-                 file_bytes: int = FILE_BYTES, open_files: int = OPEN_FILES) -> None:
-    """Set soft and hard limits together, so that the worker cannot raise them again."""
-    for which, value in (
-        (resource.RLIMIT_AS, memory_bytes),
-        (resource.RLIMIT_NPROC, max_processes),  # threads count too: a fork/thread bomb stops here
-        (resource.RLIMIT_FSIZE, file_bytes),
-        (resource.RLIMIT_CORE, 0),
-        (resource.RLIMIT_NOFILE, open_files),
-        (resource.RLIMIT_MSGQUEUE, 0),
-        (resource.RLIMIT_MEMLOCK, 64 * 1024),
-    ):
-        soft, hard = resource.getrlimit(which)
-        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        resource.setrlimit(which, (value, value))
-    # CPU: SIGXCPU at the limit (a clear message), SIGKILL a second later if it is ignored.
-    hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
-    hard = cpu_seconds + 1 if hard == resource.RLIM_INFINITY else min(hard, cpu_seconds + 1)
-    resource.setrlimit(resource.RLIMIT_CPU, (min(cpu_seconds, hard), hard))
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
-
-
-def drop_privileges(uid: int) -> None:
-    """Become ``uid`` (and gid ``uid``) for good; a no-op when not running as root."""
-    if os.geteuid() != 0:
-        return
-    os.setgroups([])
-    os.setresgid(uid, uid, uid)
-    os.setresuid(uid, uid, uid)
-    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid):
-        raise RuntimeError("could not drop privileges")
-    try:
-        os.setuid(0)
-    except PermissionError:
-        return
-    raise RuntimeError("privileges were not dropped: setuid(0) succeeded")
-
-
-def harden() -> None:
-    """No new privileges through exec, die with the fork server, keep /proc/self readable.
-
-    Uses ctypes, which is fine here: this runs before the audit hook, in trusted code.
-    """
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_pdeathsig, pr_set_dumpable, pr_set_no_new_privs = 1, 4, 38
-    for option, value in (
-        (pr_set_no_new_privs, 1),
-        (pr_set_pdeathsig, int(signal.SIGKILL)),
-        # Changing uid made the process non-dumpable, which makes /proc/self root-owned; the
-        # uid is the worker's alone and RLIMIT_CORE is 0, so being dumpable exposes nothing.
-        (pr_set_dumpable, 1),
-    ):
-        if libc.prctl(option, value, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), f"prctl({option}, {value}) failed")
-
+# --- what the audit hook cannot see ------------------------------------------------------
 
 def _no_threads(*args, **kwargs):
     raise Denied(f"starting a thread {DENIED}")
@@ -464,99 +337,3 @@ def install_audit_hook(rules: Rules, report) -> None:
         raise denied_error(f"the sandbox refused to {what}: this {denied}")
 
     sys.addaudithook(hook)
-
-
-# --- integrity of what trusted probes rely on -----------------------------------------------
-
-# What the probes and the codec run on: these modules, and the mutable classes they define.
-WATCHED_TREES = ("torch.autograd", "torch._C", "coursekit", "grader", "json", "collections")
-WATCHED_MODULES = frozenset({
-    "torch", "torch._tensor", "torch.nn.modules.module", "torch.nn.parameter", "torch.functional",
-    "torch.utils.hooks", "torch.utils.flop_counter", "torch.utils._python_dispatch",
-    "torch.overrides", "torch.cuda", "builtins", "math", "base64", "operator", "functools",
-    "contextlib", "copyreg", "pickle", "io", "types",
-})
-# Names that honest code legitimately rebinds (caches, counters, configuration).
-VOLATILE = frozenset({
-    "__warningregistry__", "_filters_version", "__slotnames__", "_abc_impl", "_is_protocol",
-    "__abstractmethods__", "__parameters__", "_lazy_modules", "__annotations__",
-})
-_HEAPTYPE = 1 << 9
-_IMMUTABLE = 1 << 8
-
-
-def _behaviour(value) -> bool:
-    """Functions, classes, descriptors: what changes behaviour when rebound (data does not)."""
-    kind = type(value)
-    if kind in (int, float, complex, str, bytes, bool, type(None), tuple, frozenset, ModuleType):
-        return False
-    return callable(value) or hasattr(kind, "__get__")
-
-
-def _is_watched(modname) -> bool:
-    return isinstance(modname, str) and (modname in WATCHED_MODULES or any(
-        modname == tree or modname.startswith(tree + ".") for tree in WATCHED_TREES))
-
-
-def snapshot() -> dict:
-    """What trusted probes rely on, taken in the fork server before any student code runs.
-
-    For each watched module and each mutable class it defines: the objects bound to its names
-    that carry behaviour (functions, classes, descriptors), and the set of its names.
-    """
-    owners: dict[int, tuple[object, str, dict, frozenset]] = {}
-    for modname, mod in list(sys.modules.items()):
-        if not isinstance(mod, ModuleType) or not _is_watched(modname):
-            continue
-        try:
-            namespace = dict(vars(mod))
-        except TypeError:
-            continue
-        _watch(owners, mod, modname, namespace)
-        for value in namespace.values():
-            # Only exact checks here: some module attributes warn or import when touched.
-            if not issubclass(type(value), type) or id(value) in owners:
-                continue
-            flags = type.__dict__["__flags__"].__get__(value)
-            module = type.__dict__["__module__"].__get__(value)
-            if flags & _HEAPTYPE and not flags & _IMMUTABLE and _is_watched(module):
-                label = f"{module}.{type.__dict__['__qualname__'].__get__(value)}"
-                _watch(owners, value, label, dict(type.__dict__["__dict__"].__get__(value)))
-    modules = {n: m for n, m in sys.modules.items() if _is_watched(n)}
-    return {"owners": owners, "modules": modules}
-
-
-def _watch(owners: dict, owner, label: str, namespace: dict) -> None:
-    watched = {k: v for k, v in namespace.items() if k not in VOLATILE and _behaviour(v)}
-    owners[id(owner)] = (owner, label, watched, frozenset(namespace))
-
-
-def integrity_check(snap: dict):
-    """A function returning the first watched name that was replaced, removed or added (or None).
-
-    It is built before any student code runs and keeps what it uses in its closure, so that
-    rebinding this module's globals or the builtins does not change what it checks.
-    """
-    modules, owners = dict(snap["modules"]), list(snap["owners"].values())
-    registry = sys.modules  # the interpreter's own dict, even if sys.modules is rebound
-    vars_, len_, list_, behaviour, volatile, missing = vars, len, list, _behaviour, VOLATILE, _MISSING
-
-    def check() -> str | None:
-        for name, mod in modules.items():
-            if registry.get(name) is not mod:
-                return f"sys.modules[{name!r}]"
-        for owner, label, watched, names in owners:
-            namespace = vars_(owner)
-            for attr, value in watched.items():
-                if namespace.get(attr, missing) is not value:
-                    return f"{label}.{attr}"
-            if len_(namespace) != len_(names):
-                for attr, value in list_(namespace.items()):
-                    if attr not in names and attr not in volatile and behaviour(value):
-                        return f"{label}.{attr}"
-        return None
-
-    return check
-
-
-_MISSING = object()

@@ -41,8 +41,8 @@ import pickle
 import select
 import time
 
-import grader.probes
 from grader.sandbox.codec import NotTransferable, decode
+from grader.sandbox.handles import Handle, RemoteNamespace  # noqa: F401 - public here
 
 HEADER_BYTES = 4
 MAX_REPLY = 64 * 1024**2  # bytes; a larger reply is malformed
@@ -140,7 +140,7 @@ def describe_exception(exc: BaseException) -> dict:
     return {"types": types, "message": message}
 
 
-# --- the judge's side: errors, handles, the connection -------------------------------------
+# --- the judge's side: errors a check may see ------------------------------------------------
 
 class StudentError(Exception):
     """The student's code raised while the judge used it (``LinearNoBias raised ValueError: ...``)."""
@@ -166,89 +166,6 @@ class Stop(BaseException):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
-
-
-_COMPARE_HINT = "compare fetched values, not handles: use grader.api.fetch(...) first"
-
-
-class Handle:
-    """An object that lives in the student's process; see ``grader.api`` for how to use one."""
-
-    __slots__ = ("_worker", "_id", "_label", "__weakref__")
-
-    def __init__(self, worker: "Connection", hid: int, label: str):
-        object.__setattr__(self, "_worker", worker)
-        object.__setattr__(self, "_id", hid)
-        object.__setattr__(self, "_label", label)
-
-    def __getattr__(self, name: str) -> "Handle":
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return self._worker.handle(("getattr", self._id, name), f"{self._label}.{name}",
-                                   blame=self._label)
-
-    def __setattr__(self, name, value):
-        raise TypeError("handles are read-only; call a method of the remote object instead")
-
-    def __call__(self, *args, **kwargs) -> "Handle":
-        return self._worker.handle(("call", self._id, args, kwargs), None, blame=self._label)
-
-    def __getitem__(self, key) -> "Handle":
-        return self._worker.handle(("getitem", self._id, key), f"{self._label}[...]",
-                                   blame=self._label)
-
-    def _fetch_remote(self):
-        return self._worker.fetch(self)
-
-    def __repr__(self) -> str:
-        return f"<remote {self._label}>"
-
-    def __bool__(self):
-        raise TypeError(_COMPARE_HINT)
-
-    def __eq__(self, other):
-        raise TypeError(_COMPARE_HINT)
-
-    __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __eq__
-    __hash__ = object.__hash__
-
-    def __iter__(self):
-        raise TypeError("fetch the value before iterating over it")
-
-    def __reduce__(self):
-        raise TypeError("a handle can only be sent back to the process it came from")
-
-    def __del__(self):
-        worker = self._worker
-        if worker is not None:
-            worker.release_later(self._id)
-
-
-class RemoteNamespace:
-    """The student's definitions in the worker; same interface as ``grader.api.LocalNamespace``."""
-
-    def __init__(self, worker: "Connection"):
-        self._worker = worker
-
-    def __getattr__(self, name: str) -> Handle:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return self[name]
-
-    def __getitem__(self, name: str) -> Handle:
-        return self._worker.handle(("global", str(name)), str(name), blame=str(name))
-
-    def put(self, value) -> Handle:
-        """Copy a judge value (tensor, module) into the student's process; return its handle."""
-        return self._worker.handle(("put", value), type(value).__name__)
-
-    def apply(self, fn, *args, **kwargs):
-        """Run ``grader.probes.<fn>`` in the student's process; return its result as plain data."""
-        name = getattr(fn, "__name__", "")
-        if getattr(grader.probes, name, None) is not fn or name.startswith("_"):
-            raise ValueError(f"nb.apply only runs functions of grader.probes, not {fn!r}")
-        reply = self._worker.request(("apply", name, args, kwargs))
-        return self._worker.value(reply, blame=f"probes.{name}")
 
 
 # --- the judge's view of one worker ----------------------------------------------------------
@@ -433,5 +350,3 @@ def _is_text(v, limit: int) -> bool:
 
 def _is_int(v, lo: int = 1) -> bool:
     return type(v) is int and lo <= v < 2**53
-
-

@@ -1,14 +1,16 @@
-"""The sandbox worker: a fork server that never runs student code, and the children it forks.
+"""The sandbox worker: a forked child that locks itself down and serves the judge's requests.
 
     python -m grader.sandbox.worker --control FD --repo ROOT --mode {chroot,userns,plain}
 
-The judge starts one server (``judge.py``). The server imports everything grading needs
-(torch, numpy, coursekit, the probes, the codec), takes the integrity snapshot, and, in
-``chroot`` mode, builds the worker's view of the file system and enters it. It then waits on
-its control socket; for each problem it forks a child that isolates itself (``policy.py``),
-runs the program (setup cells, then the student's cells) and serves the judge's requests on
-two dedicated pipes until the judge kills it. The server itself runs no student code and
-starts no thread (torch's thread pools stay unstarted), so forking it is safe and cheap.
+This command runs the fork server (``forkserver.py``; the judge starts it, ``supervisor.py``).
+For each problem the server forks a child that runs :func:`_child`: it isolates itself
+(``confine.py``, ``policy.py``), runs the program (setup cells, then the student's cells) and
+serves the judge's requests (:class:`Session`) on two dedicated pipes until the judge kills it.
+
+This file runs as ``__main__``, not as a ``grader`` module, so the audit hook does not count
+its frames as library code: what student code gets the session to call directly (a builtin
+bound to a global, a C-level ``__getattr__``) is judged as the student's own act. The session,
+and everything through which it calls student code, belongs here, not in an imported module.
 """
 from __future__ import annotations
 
@@ -17,252 +19,14 @@ import io
 import json
 import os
 import pickle
-import shutil
 import signal
 import socket
-import subprocess
 import sys
-import tempfile
-import time
 
-# Heavy imports happen in preload(), after the environment is settled.
-from grader.sandbox import policy, rpc
-
-PRELOAD = (
-    "torch", "torch.utils.checkpoint", "torch._dynamo", "numpy", "coursekit", "coursekit.checks",
-    "coursekit.measure", "coursekit.memory", "grader.probes", "grader.sandbox.codec",
-    "IPython.core.inputtransformer2", "matplotlib", "matplotlib.pyplot", "tqdm", "tqdm.auto",
-)
-UID_BASE = 1_000_000_000  # worker uid = UID_BASE + its pid: unique while it lives
-WORK_BYTES = 512 * 1024**2  # tmpfs holding the workers' directories (chroot mode)
-WORK_INODES = 8192
-_CONTROL_CHUNK = 1 << 20
-
-
-# --- control channel (judge <-> server; both trusted, so pickle) ----------------------------
-
-def send_msg(sock: socket.socket, obj, fds=()) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    data = len(data).to_bytes(8, "big") + data
-    sent = socket.send_fds(sock, [data[:_CONTROL_CHUNK]], list(fds)) if fds else sock.send(
-        data[:_CONTROL_CHUNK])
-    if sent < len(data):
-        sock.sendall(data[sent:])
-
-
-def recv_msg(sock: socket.socket):
-    """(message, fds) or (None, []) at end of stream."""
-    data, fds, _, _ = socket.recv_fds(sock, _CONTROL_CHUNK, 4)
-    if not data:
-        return None, fds
-    while len(data) < 8:
-        more = sock.recv(_CONTROL_CHUNK)
-        if not more:
-            return None, fds
-        data += more
-    size = int.from_bytes(data[:8], "big")
-    chunks, have = [data[8:]], len(data) - 8
-    while have < size:
-        more = sock.recv(min(_CONTROL_CHUNK, size - have))
-        if not more:
-            return None, fds
-        chunks.append(more)
-        have += len(more)
-    return pickle.loads(b"".join(chunks)), fds
-
-
-# --- the server ---------------------------------------------------------------------------
-
-def preload() -> None:
-    import importlib
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    for name in PRELOAD:
-        importlib.import_module(name)
-
-
-def grader_files(repo: str) -> tuple[str, ...]:
-    """Source files of the grader modules the worker has imported (readable for tracebacks)."""
-    names = [n for n in sys.modules if n == "grader" or n.startswith("grader.")]
-    files = {os.path.realpath(sys.modules[n].__file__) for n in names
-             if getattr(sys.modules[n], "__file__", None)}
-    return tuple(sorted(f for f in files if f.startswith(repo + os.sep)))
-
-
-def build_root(repo: str, files: tuple[str, ...]) -> str:
-    """Mount the worker's view of the file system; return the new root (chroot mode only).
-
-    Runs in the server's private mount namespace, as root, before any fork. The view holds,
-    read-only: the Python installation, the virtual environment, ``coursekit/``, ``kernels/``,
-    ``data/``, the grader's own pre-imported modules, system libraries; a private /proc showing
-    only the caller's processes; four device nodes; and an empty ``noexec`` tmpfs for the
-    workers' directories. Hidden tests, solutions, the course, submissions, gradebooks and
-    everything else on the machine are simply absent.
-    """
-    def mount(*args):
-        subprocess.run(["mount", *args], check=True, capture_output=True)
-
-    mount("-t", "tmpfs", "-o", "size=8m,nr_inodes=4096,mode=0755", "grader-root", "/tmp")
-    root = "/tmp/root"
-    os.mkdir(root)
-    dirs = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.exec_prefix)}
-    dirs |= {os.path.join(repo, d) for d in ("coursekit", "kernels", "data")}
-    dirs |= {"/sys/devices/system/cpu"}
-    for top in ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin"):
-        if os.path.islink(top):
-            os.symlink(os.readlink(top), root + top)
-        elif os.path.isdir(top):
-            dirs.add(top)
-    def bind_read_only(src):
-        mount("--bind", src, root + src)
-        mount("-o", "remount,bind,ro,nosuid,nodev", root + src)
-
-    for src in sorted(d for d in dirs if os.path.isdir(d)):  # parents before children
-        os.makedirs(root + src, exist_ok=True)
-        bind_read_only(src)
-    for src in list(files) + ["/etc/ld.so.cache", "/etc/localtime"]:
-        if os.path.isfile(src):
-            os.makedirs(os.path.dirname(root + src), exist_ok=True)
-            open(root + src, "w").close()
-            bind_read_only(src)
-    os.makedirs(root + "/dev")
-    for dev in ("null", "zero", "urandom", "random"):
-        open(root + "/dev/" + dev, "w").close()
-        mount("--bind", "-o", "nosuid,noexec", "/dev/" + dev, root + "/dev/" + dev)
-    os.makedirs(root + "/proc")
-    mount("-t", "proc", "-o", "hidepid=2,nosuid,nodev,noexec", "proc", root + "/proc")
-    os.makedirs(root + "/tmp")
-    mount("-t", "tmpfs", "-o", f"size={WORK_BYTES},nr_inodes={WORK_INODES},mode=0711,nosuid,nodev,noexec",
-          "grader-work", root + "/tmp")
-    return root
-
-
-class Server:
-    def __init__(self, control: socket.socket, repo: str, mode: str):
-        self.control = control
-        self.repo = repo
-        self.mode = mode
-        self.children: dict[int, str] = {}  # pid -> its directory
-        self.work_base = ""
-        self.snapshot: dict = {}
-        self.probes: dict = {}
-        self.files: tuple[str, ...] = ()
-        self.pid = os.getpid()
-        # Real root (not the mapped root of a user namespace) gives each worker a uid of its own.
-        self.own_uid = mode != "userns" and os.geteuid() == 0
-
-    def start(self) -> dict:
-        started = time.monotonic()
-        _become_subreaper()
-        preload()
-        import grader.probes as probes
-
-        self.probes = {name: fn for name, fn in vars(probes).items()
-                       if callable(fn) and getattr(fn, "__module__", None) == probes.__name__
-                       and not name.startswith("_")}
-        self.files = grader_files(self.repo)
-        self.snapshot = policy.snapshot()
-        if self.mode == "chroot":
-            root = build_root(self.repo, self.files)
-            os.chroot(root)
-            os.chdir("/")
-            self.work_base = "/tmp"
-        else:
-            self.work_base = tempfile.mkdtemp(prefix="grader-work-")
-            if self.mode == "userns":  # a private mount namespace: bound the workers' disk use
-                subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={WORK_BYTES},"
-                                f"nr_inodes={WORK_INODES},mode=0711,nosuid,nodev,noexec",
-                                "grader-work", self.work_base], check=True, capture_output=True)
-            os.chmod(self.work_base, 0o711)  # workers reach their own directory, list nothing
-        with open("/proc/self/status") as f:
-            vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
-        return {"mode": self.mode, "work_base": self.work_base, "pid": os.getpid(),
-                "own_uid": self.own_uid, "vm_bytes": vm_kib * 1024,
-                "preload_s": time.monotonic() - started}
-
-    def serve(self) -> None:
-        send_msg(self.control, ("ready", self.start()))
-        while True:
-            msg, fds = recv_msg(self.control)
-            if msg is None:
-                break
-            kind = msg[0]
-            if kind == "spawn":
-                send_msg(self.control, ("spawned",) + self.spawn(msg[1], fds))
-            elif kind == "reap":
-                send_msg(self.control, ("reaped", self.reap(msg[1])))
-            elif kind == "exit":
-                break
-        self.shutdown()
-
-    def spawn(self, spec: dict, fds) -> tuple:
-        req_fd, rep_fd = fds
-        if len(os.listdir(f"/proc/{self.pid}/task")) != 1:  # native threads count too
-            raise RuntimeError("the fork server has started a thread; forking it is unsafe")
-        pid = os.fork()
-        if pid == 0:
-            status = 1
-            try:
-                _child(self, spec, req_fd, rep_fd)
-                status = 0
-            finally:
-                os._exit(status)
-        os.close(req_fd)
-        os.close(rep_fd)
-        uid = UID_BASE + pid if self.own_uid else os.getuid()
-        workdir = os.path.join(self.work_base, f"w{pid}")
-        self.children[pid] = workdir
-        return pid, uid, workdir
-
-    def reap(self, pid: int):
-        """Kill (if needed) and wait for a child, remove its directory; return its wait status."""
-        workdir = self.children.pop(pid, None)
-        if workdir is None:
-            return None
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            _, status = os.waitpid(pid, 0)
-        except ChildProcessError:
-            status = None
-        self._reap_orphans()
-        shutil.rmtree(workdir, ignore_errors=True)
-        return status
-
-    def _reap_orphans(self) -> None:
-        """Kill whatever a worker left behind: orphans come to the server, a subreaper."""
-        for _ in range(100):
-            try:
-                with open(f"/proc/{self.pid}/task/{self.pid}/children") as f:
-                    orphans = {int(p) for p in f.read().split()} - set(self.children)
-            except OSError:
-                return
-            if not orphans:
-                return
-            for pid in orphans:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                except (ProcessLookupError, ChildProcessError):
-                    pass
-
-    def shutdown(self) -> None:
-        for pid in list(self.children):
-            self.reap(pid)
-        if self.mode != "chroot":
-            shutil.rmtree(self.work_base, ignore_errors=True)
-
-
-def _become_subreaper() -> None:
-    """Processes a worker starts and abandons are re-parented to the server, which kills them."""
-    import ctypes
-
-    pr_set_child_subreaper = 36
-    ctypes.CDLL(None).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
+from grader.sandbox import confine, integrity, policy, rpc
+from grader.sandbox.forkserver import (  # noqa: F401 - the rest: importable from here too
+    PRELOAD, UID_BASE, WORK_BYTES, WORK_INODES, Server, build_root, grader_files, preload,
+    recv_msg, send_msg)
 
 
 # --- the child: isolate, run the program, serve requests ------------------------------------
@@ -292,13 +56,13 @@ def _child(server: Server, spec: dict, req_fd: int, rep_fd: int) -> None:
     budget = [int(spec["output_bytes"])]
     sys.stdout = _CappedStream(1, budget)
     sys.stderr = _CappedStream(2, budget)
-    _settle_environment(workdir, server.repo)
+    confine.settle_environment(workdir, server.repo)
     limits = spec["limits"]
-    policy.apply_limits(memory_bytes=limits["memory_bytes"], cpu_seconds=limits["cpu_seconds"],
-                        max_processes=limits["max_processes"])
+    confine.apply_limits(memory_bytes=limits["memory_bytes"], cpu_seconds=limits["cpu_seconds"],
+                         max_processes=limits["max_processes"])
     if server.own_uid:
-        policy.drop_privileges(uid)
-    policy.harden()
+        confine.drop_privileges(uid)
+    confine.harden()
     if os.getppid() != server.pid:  # the server died before the death signal was armed
         return
     os.chdir(workdir)
@@ -311,20 +75,6 @@ def _child(server: Server, spec: dict, req_fd: int, rep_fd: int) -> None:
     session = Session(req_fd, rep_fd, report, server.snapshot, server.probes)
     policy.install_audit_hook(rules, report)
     session.serve()
-
-
-def _settle_environment(workdir: str, repo: str) -> None:
-    """Caches and temporary files go to the worker's directory; the repository leaves sys.path."""
-    for key in list(os.environ):
-        if key not in ("PATH", "LANG", "LC_ALL", "COURSE_FAST", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                       "OPENBLAS_NUM_THREADS", "MPLBACKEND", "PYTHONHASHSEED", "TRITON_INTERPRET"):
-            del os.environ[key]
-    for key in ("HOME", "TMPDIR", "MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME",
-                "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_HOME"):
-        os.environ[key] = workdir
-    os.environ["USER"] = os.environ["LOGNAME"] = "student"
-    tempfile.tempdir = workdir
-    sys.path[:] = [p for p in sys.path if p not in ("", ".", repo)]
 
 
 class _CappedStream(io.TextIOBase):
@@ -435,7 +185,7 @@ class Session:
         from grader.sandbox import codec
 
         self.req_fd, self.rep_fd, self.report = req_fd, rep_fd, report
-        self.integrity = policy.integrity_check(snapshot)
+        self.integrity = integrity.integrity_check(snapshot)
         self.probes, self.codec = dict(probes), codec
         self.table: dict[int, object] = {}
         self.next_id = 1
@@ -624,9 +374,10 @@ def main(argv=None) -> None:
     parser.add_argument("--control", type=int, required=True)
     parser.add_argument("--repo", required=True)
     parser.add_argument("--mode", choices=("chroot", "userns", "plain"), required=True)
+    parser.add_argument("--stage", default="", help="empty directory to build the chroot on")
     args = parser.parse_args(argv)
     control = socket.socket(fileno=args.control)
-    Server(control, os.path.realpath(args.repo), args.mode).serve()
+    Server(control, os.path.realpath(args.repo), args.mode, child=_child, stage=args.stage).serve()
 
 
 if __name__ == "__main__":
