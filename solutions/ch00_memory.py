@@ -302,7 +302,7 @@ plt.show()
 # example carries only a few thousand values. Convolutional networks carry a feature map per
 # channel per example, and the crossover comes much sooner.
 #
-# ### 4.2 Fewer parameters, same activations
+# ### 4.2 Fewer parameters, not fewer activations
 #
 # `SmallCNN` (for the 8×8 scikit-learn digits) stacks Conv → BatchNorm → ReLU blocks.
 # `SmallDSCNN` is the same network with *depthwise-separable* convolutions: a 3×3 filter per
