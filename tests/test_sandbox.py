@@ -474,3 +474,11 @@ def test_closing_the_pipes_is_reported_as_such():
               "        except OSError:\n            pass\n    import time\n    time.sleep(30)"
     reason = run(lambda nb: nb.hang_up(), program).reason
     assert reason == "your code's process stopped answering the grader (it closed its pipes)"
+
+
+def test_the_strongest_isolation_mode_starts():
+    """A machine that can chroot must grade in chroot mode, not fall back quietly to a weaker one."""
+    from grader.sandbox import supervisor
+
+    modes = supervisor.isolation_modes()
+    assert judge._server().mode == modes[0], f"the sandbox fell back from {modes[0]!r}"

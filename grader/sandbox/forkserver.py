@@ -88,6 +88,9 @@ def grader_files(repo: str) -> tuple[str, ...]:
     return tuple(sorted(f for f in files if f.startswith(repo + os.sep)))
 
 
+CHROOT_WORK = "/.grader-work"  # the workers' tmpfs inside the chroot
+
+
 def build_root(repo: str, files: tuple[str, ...], stage: str) -> str:
     """Mount the worker's view of the file system; return the new root (chroot mode only).
 
@@ -132,9 +135,10 @@ def build_root(repo: str, files: tuple[str, ...], stage: str) -> str:
         mount("--bind", "-o", "nosuid,noexec", "/dev/" + dev, root + "/dev/" + dev)
     os.makedirs(root + "/proc")
     mount("-t", "proc", "-o", "hidepid=2,nosuid,nodev,noexec", "proc", root + "/proc")
-    os.makedirs(root + "/tmp")
+    # Not /tmp: a checkout under /tmp is bound inside the view and must stay visible.
+    os.makedirs(root + CHROOT_WORK)
     mount("-t", "tmpfs", "-o", f"size={WORK_BYTES},nr_inodes={WORK_INODES},mode=0711,nosuid,nodev,noexec",
-          "grader-work", root + "/tmp")
+          "grader-work", root + CHROOT_WORK)
     return root
 
 
@@ -175,7 +179,7 @@ class Server:
             root = build_root(self.repo, self.files, self.stage)
             os.chroot(root)
             os.chdir("/")
-            self.work_base = "/tmp"
+            self.work_base = CHROOT_WORK
         else:
             self.work_base = tempfile.mkdtemp(prefix="grader-work-")
             if self.mode == "userns":  # a private mount namespace: bound the workers' disk use

@@ -255,12 +255,17 @@ def isolation_modes() -> list[str]:
     """The isolation modes this machine supports, strongest first."""
     modes = []
     unshare = shutil.which("unshare")
-    if unshare and os.geteuid() == 0 and shutil.which("mount"):
+    root = os.geteuid() == 0
+    if unshare and root and shutil.which("mount"):
         modes.append("chroot")
+    if root:
+        # As root, plain mode still gives each worker a uid of its own, so C-level writes meet
+        # file permissions; userns maps the worker to root itself, so it comes last.
+        modes.append("plain")
     if unshare and subprocess.run([unshare, "--user", "--map-root-user", "--mount", "--net", "true"],
                                   capture_output=True).returncode == 0:
         modes.append("userns")
-    return modes + ["plain"]
+    return modes if root else modes + ["plain"]
 
 
 _SERVERS: dict[tuple, _Server] = {}
