@@ -71,3 +71,15 @@ class Adapter(nn.Module):
         return self.up(torch.nn.functional.gelu(self.down(x)))
 ''',
 }
+
+
+def _collect() -> None:
+    """Chapters keep their wrong answers in ``wrong_submissions_<chapter>.py`` beside this file."""
+    import importlib
+    from pathlib import Path
+
+    for path in sorted(Path(__file__).parent.glob("wrong_submissions_ch*.py")):
+        WRONG.update(importlib.import_module(path.stem).WRONG)
+
+
+_collect()
