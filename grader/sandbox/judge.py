@@ -64,7 +64,11 @@ network, worker directories on a private tmpfs) and ``plain`` (no namespaces; a 
 only when root; no bound on total disk use) keep the judge/worker split, the audit hook and the
 rlimits, but not the private file-system view, so C-level file I/O inside torch
 (``torch.load``, ``torch.from_file``, ``torch.save``) could reach whatever the worker's uid
-can. ``run_checks`` uses the strongest mode that starts and warns when it falls back.
+can. As root the order is ``chroot``, ``plain`` (each worker keeps a uid of its own, so
+C-level writes still meet file permissions), then ``userns`` (which maps the worker to root
+itself); without root, ``userns`` then ``plain``. ``run_checks`` uses the strongest mode that
+starts and warns when it falls back; ``tests/test_sandbox.py`` fails when the strongest mode
+this machine supports does not start.
 
 Overhead, measured on the 2-core development machine: the server starts once per judge
 process (about 2 s, mostly importing torch); each problem then costs about 10 ms of
