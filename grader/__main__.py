@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             from grader.selfcheck import selfcheck
 
             return 0 if selfcheck(args.chapters or None, workers=args.workers) else 1
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 1

@@ -175,6 +175,15 @@ def autograde(submissions: Path, out: Path, workers: int = 1, timeout: float | N
     out.mkdir(parents=True, exist_ok=True)
     layouts = {ch: release_layout(ch, course_dir) for ch in sorted({c for _, c, _ in todo})}
     limits = Limits() if timeout is None else Limits(wall_seconds=float(timeout))
+    if todo:
+        # Start the sandbox before any grade is written: a machine that cannot run it must
+        # stop the batch with a reason, not give every student "internal error" zeros.
+        from grader.sandbox.judge import _server
+
+        try:
+            _server()
+        except Exception as e:  # noqa: BLE001 - reported to the instructor as one clear error
+            raise RuntimeError(f"the grading sandbox could not start: {e}") from e
     csv_writer = CsvWriter(out / "grades.csv")
     gradebook = GradebookWriter(db_url or f"sqlite:///{(out / 'gradebook.db').resolve()}", layouts)
     results: list[Result] = []
