@@ -59,3 +59,97 @@ def measure_forward_backward(module: nn.Module, x: torch.Tensor, grad_out: torch
     m = measure(lambda: module(x), module, grad=grad_out)
     return {"activation_bytes": m.activation_bytes, "saved_bytes": m.saved_bytes,
             "forward_flops": m.forward_flops, "backward_flops": m.backward_flops}
+
+
+class ch03_BatchSizeRecorder(nn.Module):
+    """Wraps a model and records the batch size of every forward call in ``self.sizes``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.sizes: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.sizes.append(int(x.shape[0]))
+        return self.model(x)
+
+
+def ch03_describe(value) -> dict:
+    """What a function returned: its type and, for a tensor, shape, dtype and autograd flags."""
+    if isinstance(value, torch.Tensor):
+        return {"type": "Tensor", "shape": list(value.shape), "dtype": str(value.dtype),
+                "requires_grad": bool(value.requires_grad), "has_grad_fn": value.grad_fn is not None,
+                "value": value.detach().clone()}
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return {"type": type(value).__name__, "shape": None, "dtype": None, "requires_grad": None,
+            "has_grad_fn": None, "value": number}
+
+
+class _ch02_NoModuleTracker:
+    """Stands in for FlopCounterMode's module tracker: its backward hooks break a checkpoint whose
+    backward calls ``torch.autograd.grad`` (a correct design), and only totals are needed here."""
+
+    parents = ("Global",)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def _ch02_flop_counter():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    counter.mod_tracker = _ch02_NoModuleTracker()
+    return counter
+
+
+def ch02_run_and_trace(fn: Callable, module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, *extra,
+                       seed: int = 0, x_requires_grad: bool = True) -> dict:
+    """Run ``fn(module, x, *extra)`` and back-propagate ``grad_out``; report outputs, gradients,
+    the activation bytes saved during the forward call, forward and backward FLOPs, and which direct
+    children of ``module`` (or ``module`` itself if it has none) were called, in order, during the
+    forward call and during backward (recomputation shows up there).
+
+    The global RNG is seeded with ``seed`` just before the call. Tensors in ``extra`` keep their
+    ``requires_grad``; their gradients come back under "extra_grads".
+    """
+    from coursekit.measure import saved_tensors
+
+    x = x.detach().clone().requires_grad_(x_requires_grad)
+    extra = tuple(e.detach().clone().requires_grad_(e.requires_grad) if isinstance(e, torch.Tensor) else e
+                  for e in extra)
+    module.zero_grad(set_to_none=True)
+    watched = dict(module.named_children()) or {"": module}
+    calls: dict[str, list[str]] = {"forward": [], "backward": []}
+    phase = ["forward"]
+    handles = [m.register_forward_hook(lambda _m, _i, _o, name=name: calls[phase[0]].append(name))
+               for name, m in watched.items()]
+    try:
+        torch.manual_seed(seed)
+        with saved_tensors(module) as rec, _ch02_flop_counter() as fwd:
+            y = fn(module, x, *extra)
+        phase[0] = "backward"
+        if not isinstance(y, torch.Tensor) or y.grad_fn is None:
+            return {"attached": False, "y": y.detach().clone() if isinstance(y, torch.Tensor) else None}
+        with _ch02_flop_counter() as bwd:
+            y.backward(grad_out)
+    finally:
+        for h in handles:
+            h.remove()
+    return {
+        "attached": True,
+        "y": y.detach().clone(),
+        "dx": None if x.grad is None else x.grad.clone(),
+        "extra_grads": [e.grad.clone() if isinstance(e, torch.Tensor) and e.grad is not None else None
+                        for e in extra],
+        "grads": {n: None if p.grad is None else p.grad.detach().clone() for n, p in module.named_parameters()},
+        "activation_bytes": rec.activation_bytes,
+        "saved_shapes": [list(s.shape) for s in rec.tensors if not s.is_state],
+        "forward_flops": fwd.get_total_flops(),
+        "backward_flops": bwd.get_total_flops(),
+        "forward_calls": calls["forward"],
+        "backward_calls": calls["backward"],
+    }

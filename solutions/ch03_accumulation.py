@@ -1,0 +1,522 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 3 — Gradient accumulation
+#
+# The batch size is an optimisation choice: it sets how noisy each gradient is, and with it
+# the learning rate that works. But it is also a memory choice, because every sample in the
+# batch leaves its activations behind for the backward pass. When the batch you want does not
+# fit, gradient accumulation splits it into micro-batches, runs forward and backward on one at a
+# time, lets the gradients add up, and updates once. The optimiser sees the batch you chose;
+# memory sees only a micro-batch.
+#
+# **What you will learn**
+# - why activation memory grows linearly with the batch size, measured;
+# - why simply shrinking the batch is not free: it changes the optimisation;
+# - how to split a batch of $B$ samples into micro-batches whose weighted gradients add up to the
+#   full-batch gradient *exactly*, also when $B$ is not a multiple of the micro-batch size;
+# - what it costs: activation memory $\propto$ the micro-batch, more and smaller forward passes;
+# - why BatchNorm breaks the equivalence (its statistics are per micro-batch).
+
+# %% tags=["setup"]
+import math
+
+import torch
+from torch import nn
+
+# %% [markdown]
+# ## 1. Activation memory grows with the batch
+#
+# To compute $\partial W = g^\top x$, a linear layer must keep its input $x$ (one row per sample)
+# until backward; a ReLU keeps its output, a LayerNorm its input and statistics. Every one of
+# these tensors has the batch as its first dimension, so the bytes saved for backward are
+# proportional to the batch size. Here is the model used throughout the chapter: a three-layer MLP
+# with LayerNorm on a synthetic 10-class task (labels from a fixed random "teacher" network).
+
+# %%
+import copy
+import statistics
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+from IPython.display import Markdown, display
+from tqdm.auto import tqdm
+
+from coursekit import fast, measure
+from coursekit.widgets import slider_plot
+
+D_IN, HIDDEN, CLASSES = 32, 256, 10
+BATCH = 256  # the batch the optimiser should see
+STEPS = fast(30, 6)  # training steps in the comparisons of section 5
+
+
+def make_model(norm: str = "layer", seed: int = 0) -> nn.Sequential:
+    """(N, D_IN) -> (N, CLASSES) logits; ``norm`` is "layer" (LayerNorm) or "batch" (BatchNorm1d)."""
+    Norm = {"layer": nn.LayerNorm, "batch": nn.BatchNorm1d}[norm]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(D_IN, HIDDEN), Norm(HIDDEN), nn.ReLU(),
+                             nn.Linear(HIDDEN, HIDDEN), Norm(HIDDEN), nn.ReLU(),
+                             nn.Linear(HIDDEN, CLASSES))
+
+
+def make_data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n samples (n, D_IN) with labels (n,) from a fixed random teacher network."""
+    g = torch.Generator().manual_seed(seed)
+    teacher = torch.randn(D_IN, CLASSES, generator=torch.Generator().manual_seed(1234))
+    x = torch.randn(n, D_IN, generator=g)
+    return x, (torch.tanh(x) @ teacher).argmax(dim=1)
+
+
+def activation_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Bytes saved for backward by one forward/backward of ``model`` on (x, y)."""
+    # Clones: a slice shares its whole parent's storage, and measure counts storages.
+    x, y = x.clone(), y.clone()
+    return measure(lambda: loss_fn(model(x), y), model).activation_bytes
+
+
+loss_fn = nn.CrossEntropyLoss()
+x_all, y_all = make_data(BATCH * STEPS, seed=0)
+model = make_model()
+KB = 1024
+acts = {b: activation_bytes(model, x_all[:b], y_all[:b]) for b in (16, 32, 64, 128, 256)}
+PER_SAMPLE = (acts[256] - acts[16]) // (256 - 16)  # bytes per sample: the slope
+FIXED = acts[16] - 16 * PER_SAMPLE  # what does not depend on the batch
+for b, a in acts.items():
+    print(f"batch {b:4}: {a / KB:8,.1f} KB saved for backward = {PER_SAMPLE:,} bytes × {b} + {a - PER_SAMPLE * b} bytes")
+    assert a == PER_SAMPLE * b + FIXED  # exactly linear
+
+# %% [markdown]
+# Activation memory is exactly (bytes per sample) × (samples in one forward pass), plus 4
+# bytes: the scalar by which `CrossEntropyLoss` divides (the number of targets). Parameters,
+# gradients and optimiser state do not depend on the batch at all.
+#
+# ## 2. Why not just use a smaller batch?
+#
+# Because it is a different optimisation. A mini-batch gradient is an average over $B$ samples;
+# its noise shrinks like $1/\sqrt{B}$. A batch of 32 instead of 256 takes 8× noisier steps, and
+# the learning rate, warm-up and number of steps tuned for 256 no longer fit (Goyal et al. 2017
+# scale the learning rate linearly with the batch for exactly this reason). Section 5 shows the
+# two training curves side by side. What we want is the gradient of the *big* batch, computed
+# with the memory of a *small* one.
+#
+# ## 3. The idea
+#
+# Split the batch of $B$ samples into $k$ micro-batches of sizes $n_1, \dots, n_k$ (all equal to
+# the micro-batch size $m$ except perhaps the last, $\sum_i n_i = B$). With a mean-reduction loss,
+# $L_i$ the mean loss over micro-batch $i$,
+#
+# $$L = \frac{1}{B}\sum_{j=1}^{B} \ell_j = \sum_{i=1}^{k} \frac{n_i}{B}\, L_i
+# \qquad\Longrightarrow\qquad \nabla L = \sum_{i=1}^{k} \frac{n_i}{B}\, \nabla L_i .$$
+#
+# The gradient is linear, so the full-batch gradient is a weighted *sum* of micro-batch gradients,
+# and PyTorch already sums for us: `backward()` **adds** into `.grad`, it does not overwrite. So:
+# for each micro-batch, forward, scale its mean loss by $n_i / B$, call `backward()`; after the
+# last one `.grad` holds $\nabla L$; step once.
+#
+# Three details decide whether this is right and whether it saves anything:
+#
+# - **The weights are $n_i / B$, not $1/k$.** With $B = 37$ and $m = 8$ the micro-batches hold
+#   8, 8, 8, 8 and 5 samples; averaging their losses with weight $1/5$ each over-weights the last
+#   five samples.
+# - **Call `backward()` per micro-batch.** Summing the $k$ losses first and calling `backward()`
+#   once gives the right gradient but keeps all $k$ graphs, with all their activations, alive at
+#   the same time: no memory saved (measured in section 5).
+# - **Keep only a detached number for logging.** Adding up the losses *with* their graphs has the
+#   same effect: every micro-batch's activations stay reachable.
+#
+# ## 4. Exercise: accumulate the gradient of one batch
+
+# %% exercise="accumulate_gradients"
+def accumulate_gradients(model: nn.Module, loss_fn: nn.Module, inputs: torch.Tensor, targets: torch.Tensor,
+                         micro_batch_size: int) -> torch.Tensor:
+    """Put the full-batch gradient in ``.grad`` while forwarding one micro-batch at a time.
+
+    Args:
+        model: maps inputs (n, ...) to outputs for n samples; called on slices of at most
+            ``micro_batch_size`` samples, never on the whole batch (unless it is that small).
+        loss_fn: a mean-reduction loss, ``loss_fn(outputs, targets)`` (e.g. ``nn.MSELoss()``,
+            ``nn.CrossEntropyLoss()``).
+        inputs: (B, ...) the whole batch; targets: (B, ...) its targets.
+        micro_batch_size: a positive int m; anything else raises
+            ``ValueError("micro_batch_size must be a positive integer, got ...")``. The micro-batches
+            are ``inputs[0:m], inputs[m:2m], ...``; the last one may be smaller; m >= B means one
+            forward of the whole batch.
+
+    On entry every trainable parameter's ``.grad`` is None or zero. On return it holds the
+    gradient of the full-batch mean loss; frozen parameters (``requires_grad=False``) get no
+    gradient, and no parameter changes (stepping is the training loop's job).
+
+    Returns:
+        The full-batch mean loss, a detached 0-dim tensor.
+    """
+    ### BEGIN SOLUTION
+    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be a positive integer, got {micro_batch_size!r}")
+    batch = inputs.shape[0]
+    if batch == 0 or targets.shape[0] != batch:
+        raise ValueError(f"inputs and targets must hold the same non-zero number of samples, "
+                         f"got {batch} and {targets.shape[0]}")
+    total = 0.0
+    for start in range(0, batch, micro_batch_size):
+        x = inputs[start:start + micro_batch_size]
+        y = targets[start:start + micro_batch_size]
+        weight = x.shape[0] / batch  # n_i / B: the last micro-batch may be smaller
+        loss = loss_fn(model(x), y) * weight
+        loss.backward()  # adds into .grad and frees this micro-batch's activations
+        total = total + loss.detach()
+    return total
+    ### END SOLUTION
+
+
+# %% test="test_accumulate_gradients" points=5
+import copy
+
+
+class CountingModel(nn.Module):
+    """Records the batch size of every forward call."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.sizes = inner, []
+
+    def forward(self, x):
+        self.sizes.append(x.shape[0])
+        return self.inner(x)
+
+
+torch.manual_seed(0)
+x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
+net = CountingModel(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)))
+full = copy.deepcopy(net)
+full_loss = nn.CrossEntropyLoss()(full(x), y)
+full_loss.backward()
+
+loss = accumulate_gradients(net, nn.CrossEntropyLoss(), x, y, micro_batch_size=4)
+assert net.sizes == [4, 4, 2], f"forwarded batches of {net.sizes}, expected micro-batches of 4, 4 and 2"
+for (name, p), q in zip(net.named_parameters(), full.parameters()):
+    torch.testing.assert_close(p.grad, q.grad, msg=f"{name}.grad is not the full-batch gradient: is each "
+                               "micro-batch's mean loss weighted by its size / B (here 4/10, 4/10, 2/10)?")
+assert isinstance(loss, torch.Tensor) and loss.dim() == 0, "return the loss as a 0-dim tensor"
+assert not loss.requires_grad, "return a detached loss: a loss with a graph keeps its activations alive"
+torch.testing.assert_close(loss, full_loss.detach(), msg="return the full-batch mean loss")
+
+frozen = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
+frozen[0].requires_grad_(False)
+accumulate_gradients(frozen, nn.CrossEntropyLoss(), x, y, micro_batch_size=3)
+assert frozen[0].weight.grad is None, "a frozen parameter gets no gradient"
+try:
+    accumulate_gradients(frozen, nn.CrossEntropyLoss(), x, y, micro_batch_size=0)
+except ValueError as e:
+    assert "0" in str(e), f"say which micro_batch_size was refused: {e}"
+else:
+    raise AssertionError("micro_batch_size=0 should raise ValueError")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_accumulate_gradients", globals())
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 5. Exercise: the training loop
+#
+# A training step is now: zero the gradients, accumulate over the batch's micro-batches, step.
+# Forgetting the first part is the classic bug: gradients then keep adding up *across* batches,
+# and the step uses the sum of every gradient so far.
+
+# %% exercise="train_accumulated"
+def train_accumulated(model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: nn.Module, loader,
+                      micro_batch_size: int, steps: int) -> list[float]:
+    """Train for ``steps`` optimizer steps, one batch per step, each accumulated over micro-batches.
+
+    Args:
+        model, loss_fn, micro_batch_size: as in ``accumulate_gradients``.
+        optimizer: a ``torch.optim`` optimizer over (some of) the model's parameters.
+        loader: a re-iterable of ``(inputs, targets)`` batches (a list, a ``DataLoader``). When it
+            runs out before ``steps`` batches were taken it is started again, like a new epoch; an
+            empty loader raises ``ValueError``.
+        steps: the number of optimizer steps (batches), a non-negative int.
+
+    Per step: zero the gradients, ``accumulate_gradients`` on the next batch, ``optimizer.step()``.
+
+    Returns:
+        The list of the ``steps`` full-batch mean losses, as Python floats (each computed before
+        its step).
+    """
+    ### BEGIN SOLUTION
+    losses = []
+    batches = iter(loader)
+    for _ in range(steps):
+        try:
+            inputs, targets = next(batches)
+        except StopIteration:
+            batches = iter(loader)  # a new epoch
+            try:
+                inputs, targets = next(batches)
+            except StopIteration:
+                raise ValueError("the loader yielded no batches") from None
+        optimizer.zero_grad()  # .grad accumulates across batches too
+        loss = accumulate_gradients(model, loss_fn, inputs, targets, micro_batch_size)
+        optimizer.step()
+        losses.append(float(loss))
+    return losses
+    ### END SOLUTION
+
+
+# %% test="test_train_accumulated" points=4
+torch.manual_seed(0)
+loader = [(torch.randn(10, 6), torch.randn(10, 2)) for _ in range(2)]
+net_a, net_b = nn.Linear(6, 2), nn.Linear(6, 2)
+net_b.load_state_dict(net_a.state_dict())
+losses = train_accumulated(net_a, torch.optim.SGD(net_a.parameters(), lr=0.1), nn.MSELoss(), loader,
+                           micro_batch_size=3, steps=3)
+assert isinstance(losses, list) and len(losses) == 3, "one loss per step; the 2-batch loader starts again"
+assert all(isinstance(v, float) for v in losses), "return the losses as Python floats"
+opt_b = torch.optim.SGD(net_b.parameters(), lr=0.1)
+for step in range(3):  # the same three steps, full batch
+    xb, yb = loader[step % 2]
+    opt_b.zero_grad()
+    loss_b = nn.MSELoss()(net_b(xb), yb)
+    loss_b.backward()
+    opt_b.step()
+    assert abs(losses[step] - loss_b.item()) < 1e-5, f"step {step}: loss {losses[step]:.6f}, expected {loss_b.item():.6f}"
+torch.testing.assert_close(net_a.weight, net_b.weight, msg="three accumulated steps must equal three full-batch "
+                           "steps: are the gradients zeroed before each batch?")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_train_accumulated", globals())
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 6. Measure it
+#
+# ### 6.1 Activation memory follows the micro-batch
+#
+# With accumulation only one micro-batch's graph exists at a time, so the bytes saved for
+# backward are those of *one* micro-batch forward/backward. We measure that with
+# `coursekit.measure`, for every micro-batch size that divides our batch of 256. The last line
+# is the tempting shortcut of section 3: forward all micro-batches, sum their weighted losses,
+# one `backward()`.
+
+# %%
+x_batch, y_batch = x_all[:BATCH], y_all[:BATCH]
+MICRO_SIZES = [2 ** i for i in range(int(math.log2(BATCH)) + 1)]  # 1, 2, 4, ..., 256
+model = make_model()
+act_bytes = {m: activation_bytes(model, x_batch[:m], y_batch[:m]) for m in MICRO_SIZES}
+for m in MICRO_SIZES:
+    print(f"micro-batch {m:4} ({BATCH // m:3} forwards per step): {act_bytes[m] / KB:8,.1f} KB of activations "
+          f"= {act_bytes[m] / act_bytes[BATCH]:6.2%} of the full batch (m / B = {m / BATCH:6.2%})")
+    assert act_bytes[m] == PER_SAMPLE * m + FIXED  # per-sample bytes × micro-batch, plus the 4-byte scalar
+
+
+micro_batches = [(x_batch[a:a + 32].clone(), y_batch[a:a + 32].clone()) for a in range(0, BATCH, 32)]
+
+
+def summed_then_backward():
+    """All micro-batch losses first, one backward: every graph is alive at once."""
+    return sum(loss_fn(model(x), y) * len(x) / BATCH for x, y in micro_batches)
+
+
+summed = measure(summed_then_backward, model).activation_bytes
+print(f"\nsum the 8 micro-batch losses of 32, then one backward: {summed / KB:,.1f} KB "
+      f"({summed / act_bytes[BATCH]:.0%} of the full batch)")
+
+# %% [markdown]
+# The ratio is $m / B$ up to the loss's 4-byte scalar: every other saved tensor has the batch as
+# its first dimension. And
+# summing the losses before `backward()` saves nothing at all: the 8 graphs coexist.
+#
+# ### 6.2 Same training, less memory (unless there is BatchNorm)
+#
+# Train four copies of the same model for the same number of steps on the same data, SGD with
+# learning rate 0.1: full batches of 256; accumulation with micro-batches of 32 (8 per step);
+# plain small batches of 32 (one step per 32 samples, same number of steps); and the
+# BatchNorm version of the model, full batch vs accumulated.
+
+# %%
+LR, MICRO = 0.1, 32
+
+
+def train(norm: str, batch: int, micro: int):
+    model = make_model(norm)
+    loader = [(x_all[i * batch:(i + 1) * batch], y_all[i * batch:(i + 1) * batch]) for i in range(STEPS)]
+    losses = train_accumulated(model, torch.optim.SGD(model.parameters(), lr=LR), loss_fn, loader, micro, STEPS)
+    return model, losses
+
+
+def max_weight_diff(a: nn.Module, b: nn.Module) -> float:
+    return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+
+runs = {}
+for name, norm, batch, micro in tqdm([("LayerNorm, full batch 256", "layer", BATCH, BATCH),
+                                      (f"LayerNorm, 256 as {BATCH // MICRO}×{MICRO} accumulated", "layer", BATCH, MICRO),
+                                      (f"LayerNorm, small batches of {MICRO}", "layer", MICRO, MICRO),
+                                      ("BatchNorm, full batch 256", "batch", BATCH, BATCH),
+                                      (f"BatchNorm, 256 as {BATCH // MICRO}×{MICRO} accumulated", "batch", BATCH, MICRO)],
+                                     desc="training", leave=False):
+    runs[name] = train(norm, batch, micro)
+names = list(runs)
+ln_diff = max_weight_diff(runs[names[0]][0], runs[names[1]][0])
+small_diff = max_weight_diff(runs[names[0]][0], runs[names[2]][0])
+bn_diff = max_weight_diff(runs[names[3]][0], runs[names[4]][0])
+print(f"after {STEPS} steps, max |weight difference| vs full-batch training:\n"
+      f"  LayerNorm, accumulated:    {ln_diff:.1e}\n"
+      f"  LayerNorm, small batches:  {small_diff:.1e}\n"
+      f"  BatchNorm, accumulated:    {bn_diff:.1e}")
+assert ln_diff < 1e-4, "accumulation must match full-batch training to float32 rounding"
+
+fig, ax = plt.subplots(figsize=(8, 3.4))
+styles = ["-", "--", ":", "-", "--"]
+colors = ["#4c72b0", "#dd8452", "#8c8c8c", "#55a868", "#c44e52"]
+for (name, (_, losses)), ls, c in zip(runs.items(), styles, colors):
+    ax.plot(range(1, STEPS + 1), losses, ls, color=c, label=name, lw=2 if ls == "-" else 1.5)
+ax.set_xlabel("optimizer step")
+ax.set_ylabel("training loss (per batch)")
+ax.legend(fontsize=7, frameon=False)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# - **LayerNorm, accumulated:** the weights agree with full-batch training to float32 rounding
+#   (summing eight partial gradients rounds differently from one big reduction; nothing else
+#   differs), and the loss curves lie on top of each other.
+# - **Small batches:** a different optimisation: noisier losses from different samples, and
+#   weights that end up far from the full-batch ones.
+# - **BatchNorm, accumulated:** visibly different. LayerNorm normalises each sample on its own;
+#   BatchNorm normalises each feature with the mean and variance *of the batch it is given*, so
+#   with accumulation every sample is normalised with its micro-batch's statistics, not the
+#   batch's. The forward pass, the loss and the gradient all change (and the running statistics
+#   get $k$ updates per step instead of one). The smaller the micro-batch, the noisier those
+#   statistics. Remedies: LayerNorm or GroupNorm, which do not mix samples; or accept it:
+#   Hoffer et al. (2017) normalise over small "ghost" batches on purpose.
+#
+# ### 6.3 What it costs in time
+#
+# Same FLOPs per step, but cut into more, smaller matrix products, plus Python overhead per
+# forward. Wall-clock times are noisy and machine-dependent: informative, never asserted.
+
+# %%
+def step_time_ms(micro: int, repeats: int = fast(5, 2)) -> float:
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    loader = [(x_batch, y_batch)]
+    train_accumulated(model, opt, loss_fn, loader, micro, 1)  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        train_accumulated(model, opt, loss_fn, loader, micro, 1)
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
+
+
+step_ms = {m: step_time_ms(m) for m in tqdm(MICRO_SIZES[::-1], desc="timing", leave=False)}
+for m in MICRO_SIZES:
+    print(f"micro-batch {m:4}: {step_ms[m]:7.1f} ms per step ({step_ms[m] / step_ms[BATCH]:5.1f}× the full batch)")
+
+# %% [markdown]
+# The FLOPs per step are identical at every micro-batch size, yet the time grows with the number
+# of forward passes: our model is so small that one forward/backward costs mostly fixed per-call
+# overhead (Python, operator dispatch, small allocations), not arithmetic. For a large
+# model, where one micro-batch's matrix products take far longer than that overhead, the cost of
+# splitting is much smaller; on a GPU, though, too small a micro-batch leaves most of the chip
+# idle. Either way: choose the largest micro-batch that fits.
+#
+# ## 7. Play with it
+#
+# Slide the micro-batch size (a power of two, so that it divides the batch of 256): activation
+# memory, forward passes per optimizer step, and measured step time.
+
+# %%
+def draw(axes, log2_micro=5):
+    micro = 2 ** log2_micro
+    ax_mem, ax_fwd, ax_time = axes
+    sizes = np.array(MICRO_SIZES)
+    panels = ((ax_mem, [act_bytes[m] / KB for m in MICRO_SIZES], "activation KB (one micro-batch)"),
+              (ax_fwd, [BATCH // m for m in MICRO_SIZES], "forward passes per step"),
+              (ax_time, [step_ms[m] for m in MICRO_SIZES], "ms per step (measured)"))
+    for ax, values, label in panels:
+        ax.plot(sizes, values, "o-", color="#4c72b0", ms=4)
+        ax.plot([micro], [values[log2_micro]], "o", ms=11, mfc="none", color="#c44e52")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("micro-batch size")
+        ax.set_title(f"{label}:\n{values[log2_micro]:,.1f}", fontsize=9)
+    ax_mem.axhline(act_bytes[BATCH] / KB, color="k", ls="--", lw=0.8, label="full batch")
+    ax_mem.legend(fontsize=7, frameon=False)
+
+
+slider_plot(draw, ncols=3, figsize=(11, 3.4), log2_micro=(0, int(math.log2(BATCH)), 1),
+            defaults={"log2_micro": 5})
+
+# %% [markdown]
+# ## 8. What practice reports vs what we measured
+#
+# Gradient accumulation has no single founding paper; it is standard practice (e.g. the
+# `gradient_accumulation_steps` option of Hugging Face's `Trainer` and of nanoGPT), and its claims are:
+# activation memory scales with the micro-batch, not the batch; with per-sample layers the result
+# is the full-batch update up to rounding; BatchNorm breaks the equivalence (it is why Hoffer et
+# al. 2017 could use "ghost" batches as a regulariser); and the price is time, not accuracy.
+
+# %%
+table = [
+    ("activation memory, micro-batch 32 / batch 256", "m / B = 12.5%", f"{act_bytes[32] / act_bytes[BATCH]:.1%}"),
+    ("activation memory, micro-batch 1 / batch 256", "m / B = 0.39%", f"{act_bytes[1] / act_bytes[BATCH]:.2%}"),
+    ("sum losses, then one backward", "no saving", f"{summed / act_bytes[BATCH]:.0%} of the full batch"),
+    (f"weights after {STEPS} steps, LayerNorm, accumulated vs full", "equal up to rounding", f"max diff {ln_diff:.1e}"),
+    (f"weights after {STEPS} steps, BatchNorm, accumulated vs full", "not equal", f"max diff {bn_diff:.1e}"),
+    (f"weights after {STEPS} steps, small batches vs full", "a different optimisation", f"max diff {small_diff:.1e}"),
+    ("time per step, micro-batch 32 / full", "slower: same FLOPs, more and smaller passes", f"{step_ms[32] / step_ms[BATCH]:.2f}×"),
+    ("time per step, micro-batch 1 / full", "much slower (avoid)", f"{step_ms[1] / step_ms[BATCH]:.1f}×"),
+]
+display(Markdown("| quantity | practice | measured here |\n|---|---|---|\n"
+                 + "\n".join(f"| {q} | {p} | {m} |" for q, p, m in table)))
+
+fig, (ax_mem, ax_eq) = plt.subplots(1, 2, figsize=(10, 3.4))
+ratios = [act_bytes[m] / act_bytes[BATCH] for m in MICRO_SIZES]
+ax_mem.plot(MICRO_SIZES, [m / BATCH for m in MICRO_SIZES], "-", color="#8c8c8c", lw=4, alpha=0.5, label="m / B")
+ax_mem.plot(MICRO_SIZES, ratios, "o", color="#dd8452", label="measured")
+ax_mem.set_xscale("log", base=2)
+ax_mem.set_yscale("log")
+ax_mem.set_xlabel("micro-batch size m")
+ax_mem.set_ylabel("activation memory / full batch")
+ax_mem.legend(frameon=False)
+diffs = {"LayerNorm\naccumulated": ln_diff, "BatchNorm\naccumulated": bn_diff, "LayerNorm\nsmall batches": small_diff}
+bars = ax_eq.bar(range(len(diffs)), [max(d, 1e-9) for d in diffs.values()], color=["#4c72b0", "#c44e52", "#8c8c8c"])
+ax_eq.bar_label(bars, labels=[f"{d:.1e}" for d in diffs.values()], fontsize=8)
+ax_eq.axhline(1e-5, color="k", ls="--", lw=0.8, label="float32 tolerance")
+ax_eq.set_yscale("log")
+ax_eq.set_xticks(range(len(diffs)), list(diffs), fontsize=8)
+ax_eq.set_ylabel(f"max |Δ weight| after {STEPS} steps")
+ax_eq.legend(frameon=False, fontsize=8)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Both claims hold here without qualification: memory is exactly $m / B$ of the full batch
+# (our model has no batch-independent activations), and with LayerNorm accumulation is the
+# full-batch update to float32 rounding, while BatchNorm and a plain small batch are not.
+# The time cost depends on the machine; on our small CPU model it is mostly Python and kernel
+# overhead per forward, which is why tiny micro-batches hurt most.
+#
+# ## 9. Summary
+#
+# - Activation memory is (bytes per sample) × (samples per forward pass); shrinking the batch
+#   saves memory but changes the optimisation.
+# - Gradient accumulation forwards micro-batches, weights each mean loss by $n_i / B$, calls
+#   `backward()` per micro-batch (`.grad` adds up) and steps once: the full-batch gradient with
+#   the activation memory of one micro-batch. Zero the gradients once per batch, not per
+#   micro-batch, and keep only detached losses.
+# - It is exact for layers that treat samples independently (Linear, LayerNorm, attention
+#   within a sequence); BatchNorm sees micro-batch statistics instead, so the update changes.
+# - The price is time: more, smaller forward passes. Use the largest micro-batch that fits.
