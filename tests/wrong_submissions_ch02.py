@@ -1,0 +1,69 @@
+"""Plausible wrong answers for chapter 2, one per exercise: each must lose points when autograded."""
+
+WRONG = {
+    ("ch02_checkpointing", "checkpoint"): '''
+import torch
+from torch import nn
+
+def checkpoint(function, *args):
+    """Wrong: recomputes without replaying the RNG state, so dropout masks differ."""
+    params = tuple(p for p in function.parameters() if p.requires_grad) if isinstance(function, nn.Module) else ()
+    n = len(args)
+
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            ctx.save_for_backward(*inputs[:n])
+            return function(*inputs[:n])
+
+        @staticmethod
+        def backward(ctx, grad):
+            xs = [t.detach().requires_grad_(ctx.needs_input_grad[i]) for i, t in enumerate(ctx.saved_tensors)]
+            with torch.enable_grad():
+                out = function(*xs)
+            torch.autograd.backward(out, grad)
+            return (*(x.grad if x.requires_grad else None for x in xs), *(None for _ in params))
+
+    return Fn.apply(*args, *params)
+''',
+    ("ch02_checkpointing", "checkpoint_uniform"): '''
+import math
+from torch import nn
+
+def checkpoint_uniform(layers, x, segments):
+    """Wrong: chunks of ceil(n / k) layers (10 in 4 gives 3, 3, 3, 1)."""
+    layers = list(layers)
+    if not 1 <= segments <= len(layers):
+        raise ValueError(f"bad number of segments {segments}")
+    size = math.ceil(len(layers) / segments)
+    for start in range(0, len(layers), size):
+        x = checkpoint(nn.Sequential(*layers[start:start + size]), x)
+    return x
+''',
+    ("ch02_checkpointing", "checkpoint_blocks"): '''
+from torch import nn
+
+def checkpoint_blocks(layers, x, block_size):
+    """Wrong: the last block runs without checkpoint."""
+    layers = list(layers)
+    if block_size < 1:
+        raise ValueError(f"bad block size {block_size}")
+    starts = list(range(0, len(layers), block_size))
+    for start in starts[:-1]:
+        x = checkpoint(nn.Sequential(*layers[start:start + block_size]), x)
+    for layer in layers[starts[-1]:]:
+        x = layer(x)
+    return x
+''',
+    ("ch02_checkpointing", "plan_checkpoints"): '''
+def plan_checkpoints(act_bytes, fwd_flops, budget_bytes):
+    """Wrong: greedy, drops the checkpoint that adds the least recomputation until the plan fits."""
+    plan = list(range(len(act_bytes)))
+    while plan_memory(plan, act_bytes) > budget_bytes:
+        if len(plan) == 1:
+            raise ValueError("no plan fits")
+        options = [[c for c in plan if c != d] for d in plan[1:]]
+        plan = min(options, key=lambda p: (plan_recompute(p, fwd_flops), plan_memory(p, act_bytes)))
+    return plan
+''',
+}
