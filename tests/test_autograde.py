@@ -92,7 +92,8 @@ def test_feedback_never_shows_hidden_tests(batch):
         hidden = (ROOT / "grader" / "hidden" / f"{ch}.py").read_text()
         secret = [ln.strip() for ln in hidden.splitlines() if len(ln.strip()) > 25 and not ln.strip().startswith(("#", '"""'))]
         for html in (out / "feedback").rglob(f"{ch}.html"):
-            text = html.read_text()
+            # The student's own code is shown back to them; everything before it must not quote hidden tests.
+            text = html.read_text().split("<h2>Your graded code</h2>")[0]
             assert not any(line in text for line in secret), f"{html} reveals hidden-test source"
 
 

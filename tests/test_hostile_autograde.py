@@ -97,5 +97,6 @@ def test_feedback_reveals_no_hidden_test(batch):
     hidden = (ROOT / "grader" / "hidden" / f"{CHAPTER}.py").read_text()
     secret = [ln.strip() for ln in hidden.splitlines() if len(ln.strip()) > 30 and not ln.strip().startswith("#")]
     for html in (batch["out"] / "feedback").rglob("*.html"):
-        text = html.read_text()
+        # The student's own code is shown back to them; everything before it must not quote hidden tests.
+        text = html.read_text().split("<h2>Your graded code</h2>")[0]
         assert not any(line in text for line in secret), f"{html} quotes the hidden tests"
