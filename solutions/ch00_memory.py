@@ -252,11 +252,11 @@ from grader.api import run_hidden; run_hidden("ch00_memory", "test_predict_train
 # %%
 import matplotlib.pyplot as plt
 import numpy as np
-from IPython.display import Markdown, display
 from tqdm.auto import tqdm
 
 from coursekit.memory import count_parameters
 from coursekit.models import SmallCNN, SmallDSCNN
+from coursekit.report import literature_table, paired_bars
 from coursekit.widgets import slider_plot
 
 PARTS = ("params", "grads", "optimizer_state", "activations")
@@ -445,22 +445,16 @@ table = [
     ("activations / parameters, big model, batch 16", "≈ 6.9× (224×224 images)", f"{cnn_act_per_param:.1f}× (8×8 images)", 6.9, cnn_act_per_param),
     ("bits a ReLU keeps per element", "1 (a mask suffices)", f"{relu_bits:.0f} (PyTorch keeps the fp32 output)", 1, relu_bits),
 ]
-display(Markdown("| quantity | TinyTL (Cai et al. 2020) | measured here |\n|---|---|---|\n"
-                 + "\n".join(f"| {q} | {p} | {m} |" for q, p, m, _, _ in table)))
+literature_table(table, source="TinyTL (Cai et al. 2020)")
 
 fig, ax = plt.subplots(figsize=(8, 3.3))
-pos = np.arange(len(table))
-paper_bars = ax.bar(pos - 0.2, [row[3] for row in table], width=0.4, label="TinyTL (paper)", color="#8c8c8c")
-ours_bars = ax.bar(pos + 0.2, [row[4] for row in table], width=0.4, label="measured here", color="#dd8452")
-for bars in (paper_bars, ours_bars):
-    ax.bar_label(bars, fmt="%.3g", fontsize=8)
+paired_bars(ax, ["parameters\nbig / efficient", "activations\nbig / efficient",
+                 "activations / parameters\nbig model, batch 16", "bits a ReLU keeps\nper element"],
+            [row[3] for row in table], [row[4] for row in table], source="TinyTL (paper)", fmt="%.3g")
 ax.axhline(1, color="k", lw=0.6)
 ax.set_yscale("log")
 ax.set_ylim(0.3, 100)
-ax.set_xticks(pos, ["parameters\nbig / efficient", "activations\nbig / efficient", "activations / parameters\nbig model, batch 16",
-                    "bits a ReLU keeps\nper element"])
 ax.set_ylabel("× (bits in the last group)")
-ax.legend(frameon=False)
 fig.tight_layout()
 plt.show()
 print(f"One 8×8 image costs SmallCNN {per_example_cnn / 1024:.1f} KB of activations: at a batch of about "

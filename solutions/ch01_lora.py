@@ -317,7 +317,6 @@ import statistics
 import time
 
 import matplotlib.pyplot as plt
-import numpy as np
 from IPython.display import Markdown, display
 from tqdm.auto import tqdm
 
@@ -325,6 +324,7 @@ from coursekit import fast, measure, model_state_bytes
 from coursekit.checkpoints import load_pretrained
 from coursekit.data import batches, source_task, target_task
 from coursekit.transformer import TinyGPT, accuracy, lm_loss
+from coursekit.report import literature_table, paired_bars
 from coursekit.widgets import slider_plot
 
 CHECKPOINT = "tinygpt_fibonacci"
@@ -639,23 +639,18 @@ table = [
     ("adapter parameters per task", "3.6% of the model", f"{adapter_share:.1%} (m={BOTTLENECK})", None, None),
     ("accuracy, full − adapters", "0.4 points (GLUE)", f"{100 * adapter_gap:+.1f} points", None, None),
 ]
-display(Markdown("| quantity | papers | measured here |\n|---|---|---|\n"
-                 + "\n".join(f"| {q} | {p} | {m} |" for q, p, m, _, _ in table)))
+literature_table(table, source="papers")
 
 plotted = [row for row in table if row[3] is not None]
 fig, ax = plt.subplots(figsize=(9, 3.4))
-pos = np.arange(len(plotted))
-paper_bars = ax.bar(pos - 0.2, [row[3] for row in plotted], width=0.4, label="paper", color="#8c8c8c")
-ours_bars = ax.bar(pos + 0.2, [row[4] for row in plotted], width=0.4, label="measured here", color="#dd8452")
-for bars, values in ((paper_bars, [row[3] for row in plotted]), (ours_bars, [row[4] for row in plotted])):
-    ax.bar_label(bars, labels=[f"{v:,.0f}×" if v >= 100 else f"{v:.2f}×" for v in values], fontsize=8)
+paired_bars(ax, ["trainable params\nfull / LoRA", "training memory\nfull / LoRA", "latency\nmerged LoRA / base",
+                 "latency, batch 1\nadapters / base\n(paper: the slower design)"],
+            [row[3] for row in plotted], [row[4] for row in plotted],
+            fmt=lambda v: f"{v:,.0f}×" if v >= 100 else f"{v:.2f}×")
 ax.axhline(1, color="k", lw=0.6)
 ax.set_yscale("log")
 ax.set_ylim(0.3, 3e4)
-ax.set_xticks(pos, ["trainable params\nfull / LoRA", "training memory\nfull / LoRA", "latency\nmerged LoRA / base",
-                    "latency, batch 1\nadapters / base\n(paper: the slower design)"], fontsize=8)
 ax.set_ylabel("ratio (×)")
-ax.legend(frameon=False)
 fig.tight_layout()
 plt.show()
 

@@ -97,6 +97,7 @@ from IPython.display import Markdown, display
 
 from coursekit import fast, measure, saved_tensors
 from coursekit.transformer import GPTConfig, TinyGPT, lm_loss
+from coursekit.report import literature_table, paired_bars
 from coursekit.widgets import slider_plot
 
 WIDTH, BATCH = fast(256, 32), fast(128, 8)
@@ -751,18 +752,12 @@ table = [("activation memory, plain / checkpointed", "48 GB / 7 GB = 6.9× (1,00
           1000 / (2 * math.sqrt(1000)), DEPTH / (2 * sqrt_k)),
          ("extra computation", "≈ 30% time", f"{flop_over:.0%} FLOPs, {time_over:+.0%} CPU time (k={K})", 1.3,
           1 + flop_over)]
-display(Markdown("| quantity | paper | measured here |\n|---|---|---|\n"
-                 + "\n".join(f"| {q} | {p} | {m} |" for q, p, m, _, _ in table)))
+literature_table(table, source="paper")
 
 fig, ax = plt.subplots(figsize=(7.5, 3.2))
-pos = np.arange(len(table))
-bars_p = ax.bar(pos - 0.2, [r[3] for r in table], width=0.4, color="#8c8c8c", label="paper")
-bars_m = ax.bar(pos + 0.2, [r[4] for r in table], width=0.4, color="#dd8452", label="measured here")
-for bars in (bars_p, bars_m):
-    ax.bar_label(bars, fmt="%.2f×", fontsize=8)
-ax.set_xticks(pos, ["memory saving", "√n rule\n(n / 2√n)", "compute\n(1 + overhead)"], fontsize=8)
+paired_bars(ax, ["memory saving", "√n rule\n(n / 2√n)", "compute\n(1 + overhead)"],
+            [r[3] for r in table], [r[4] for r in table])
 ax.set_ylabel("ratio (×)")
-ax.legend(frameon=False)
 fig.tight_layout()
 plt.show()
 

@@ -50,10 +50,10 @@ import time
 
 import matplotlib.pyplot as plt
 import numpy as np
-from IPython.display import Markdown, display
 from tqdm.auto import tqdm
 
 from coursekit import fast, measure
+from coursekit.report import literature_table
 from coursekit.widgets import slider_plot
 
 D_IN, HIDDEN, CLASSES = 32, 256, 10
@@ -479,8 +479,7 @@ table = [
     ("time per step, micro-batch 32 / full", "slower: same FLOPs, more and smaller passes", f"{step_ms[32] / step_ms[BATCH]:.2f}×"),
     ("time per step, micro-batch 1 / full", "much slower (avoid)", f"{step_ms[1] / step_ms[BATCH]:.1f}×"),
 ]
-display(Markdown("| quantity | practice | measured here |\n|---|---|---|\n"
-                 + "\n".join(f"| {q} | {p} | {m} |" for q, p, m in table)))
+literature_table(table, source="practice")
 
 fig, (ax_mem, ax_eq) = plt.subplots(1, 2, figsize=(10, 3.4))
 ratios = [act_bytes[m] / act_bytes[BATCH] for m in MICRO_SIZES]
