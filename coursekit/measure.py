@@ -20,6 +20,27 @@ from torch.utils.flop_counter import FlopCounterMode
 _saved_tensors_hooks = torch.autograd.graph.saved_tensors_hooks
 
 
+class _NoModuleTracker:
+    """Stands in for FlopCounterMode's module tracker: we only need totals ("Global")."""
+
+    parents = ("Global",)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def flop_counter() -> FlopCounterMode:
+    """A FlopCounterMode that reports totals only (``get_total_flops()``)."""
+    counter = FlopCounterMode(display=False)
+    # The module tracker hooks every module's backward, and those hooks break
+    # torch.autograd.grad called inside a custom backward (a checkpoint's recompute).
+    counter.mod_tracker = _NoModuleTracker()
+    return counter
+
+
 @dataclass(frozen=True)
 class SavedTensor:
     """One storage that autograd kept for backward."""
@@ -124,7 +145,7 @@ def measure(
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    with saved_tensors(*state) as rec, FlopCounterMode(display=False) as fwd:
+    with saved_tensors(*state) as rec, flop_counter() as fwd:
         out = step()
     if not isinstance(out, torch.Tensor) or out.grad_fn is None:
         raise ValueError(
@@ -133,7 +154,7 @@ def measure(
         )
     if grad is None and out.numel() != 1:
         raise ValueError(f"step() returned shape {tuple(out.shape)}: pass grad= for a non-scalar output")
-    with FlopCounterMode(display=False) as bwd:
+    with flop_counter() as bwd:
         out.backward(grad)
     if cuda:
         torch.cuda.synchronize()

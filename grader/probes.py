@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from coursekit.measure import measure
+from coursekit.measure import flop_counter, measure
 
 
 def type_names(obj) -> list[str]:
@@ -85,27 +85,6 @@ def ch03_describe(value) -> dict:
             "has_grad_fn": None, "value": number}
 
 
-class _ch02_NoModuleTracker:
-    """Stands in for FlopCounterMode's module tracker: its backward hooks break a checkpoint whose
-    backward calls ``torch.autograd.grad`` (a correct design), and only totals are needed here."""
-
-    parents = ("Global",)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-
-def _ch02_flop_counter():
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    counter.mod_tracker = _ch02_NoModuleTracker()
-    return counter
-
-
 def ch02_run_and_trace(fn: Callable, module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, *extra,
                        seed: int = 0, x_requires_grad: bool = True) -> dict:
     """Run ``fn(module, x, *extra)`` and back-propagate ``grad_out``; report outputs, gradients,
@@ -129,12 +108,12 @@ def ch02_run_and_trace(fn: Callable, module: nn.Module, x: torch.Tensor, grad_ou
                for name, m in watched.items()]
     try:
         torch.manual_seed(seed)
-        with saved_tensors(module) as rec, _ch02_flop_counter() as fwd:
+        with saved_tensors(module) as rec, flop_counter() as fwd:
             y = fn(module, x, *extra)
         phase[0] = "backward"
         if not isinstance(y, torch.Tensor) or y.grad_fn is None:
             return {"attached": False, "y": y.detach().clone() if isinstance(y, torch.Tensor) else None}
-        with _ch02_flop_counter() as bwd:
+        with flop_counter() as bwd:
             y.backward(grad_out)
     finally:
         for h in handles:

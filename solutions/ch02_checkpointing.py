@@ -148,7 +148,7 @@ for depth in (2, 4, 8, 16):
 # Inside `backward`, back-propagate through the recomputed graph with
 # `torch.autograd.backward(out, grad_output)`: it accumulates into the parameters' `.grad` (so return
 # `None` for them) and into the `.grad` of your detached inputs (return those). `torch.autograd.grad`
-# works too, but not under the FLOP counter of `coursekit.measure`, which this chapter uses.
+# works too, if you add the parameters' gradients to their `.grad` yourself.
 #
 # Do not use `torch.utils.checkpoint`: we compare with it later.
 

@@ -168,3 +168,38 @@ def test_unknown_optimizer():
         model_state_bytes(mlp([2, 2]), "rmsprop")
     with pytest.raises(ValueError, match="unknown optimizer"):
         optimizer_state_copies(None)
+
+
+def test_flops_of_a_backward_that_calls_autograd_grad():
+    """A checkpoint-style Function recomputes its module inside backward with autograd.grad:
+    measure must count it (forward once more) instead of failing in module-tracking hooks."""
+    import torch
+    from torch import nn
+
+    net = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+
+    class Recompute(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            with torch.no_grad():
+                return net(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            x = x.detach().requires_grad_(True)
+            with torch.enable_grad():
+                y = net(x)
+            params = list(net.parameters())
+            grads = torch.autograd.grad(y, [x, *params], g)
+            for p, gp in zip(params, grads[1:]):
+                p.grad = gp
+            return grads[0]
+
+    x = torch.randn(4, 8, requires_grad=True)
+    m = measure(lambda: Recompute.apply(x).sum(), net)
+    linear = 2 * 4 * 8 * 8
+    assert m.forward_flops == 2 * linear
+    assert m.backward_flops == 2 * linear + 2 * (2 * linear)  # recompute + dW and dx of both layers
+    assert m.activation_bytes == 4 * 4 * 8  # only x
