@@ -43,9 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             results = autograde(args.submissions, args.out, workers=args.workers, timeout=args.timeout,
                                 db_url=args.db)
             for r in results:
-                got = sum(pts for g, pts in r.layout.tests if r.outcomes[g].passed)
-                total = sum(pts for _, pts in r.layout.tests)
-                print(f"{r.student:<20} {r.chapter:<24} {got:g}/{total:g}" + (f"  ({r.note})" if r.note else ""))
+                print(f"{r.student:<20} {r.chapter:<24} {r.score:g}/{r.max_score:g}" + (f"  ({r.note})" if r.note else ""))
             print(f"wrote {args.out / 'grades.csv'} and {args.out / 'feedback'}/ for {len(results)} submission(s)")
             return 0
         if args.command == "selfcheck":

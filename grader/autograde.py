@@ -47,10 +47,21 @@ class Result:
     sources: dict[str, str | None] = field(default_factory=dict)
     note: str = ""  # a reason that concerns the whole submission
 
+    def points(self, grade_id: str, max_points: float) -> float:
+        return max_points if self.outcomes[grade_id].passed else 0.0
+
+    @property
+    def score(self) -> float:
+        return sum(self.points(gid, pts) for gid, pts in self.layout.tests)
+
+    @property
+    def max_score(self) -> float:
+        return sum(pts for _, pts in self.layout.tests)
+
     def rows(self) -> list[dict]:
         return [
             {"student_id": self.student, "chapter": self.chapter, "problem": gid,
-             "score": _fmt(points if self.outcomes[gid].passed else 0.0), "max_score": _fmt(points)}
+             "score": _fmt(self.points(gid, points)), "max_score": _fmt(points)}
             for gid, points in self.layout.tests
         ]
 
@@ -137,9 +148,9 @@ class GradebookWriter:
     def __init__(self, db_url: str, layouts: dict[str, Layout]):
         from nbgrader.api import Gradebook
 
-        from grader.release import _nbgrader_env
+        from grader.release import nbgrader_env
 
-        _nbgrader_env()
+        nbgrader_env()
         self.gb = Gradebook(db_url, course_id="efficient-training")
         for ch, lay in layouts.items():
             self.gb.update_or_create_assignment(ch)
@@ -158,7 +169,7 @@ class GradebookWriter:
             self.gb.update_or_create_submission(result.chapter, result.student)
         for gid, points in result.layout.tests:
             grade = self.gb.find_grade(gid, result.chapter, result.chapter, result.student)
-            grade.auto_score = points if result.outcomes[gid].passed else 0.0
+            grade.auto_score = result.points(gid, points)
         self.gb.db.commit()
 
     def close(self) -> None:

@@ -21,14 +21,12 @@ pre{background:#f6f8fa;padding:.8rem;overflow-x:auto;border-radius:4px}
 
 def render(result) -> str:
     e = html.escape
-    total = sum(p for g, p in result.layout.tests if result.outcomes[g].passed)
-    maximum = sum(p for _, p in result.layout.tests)
     rows, details = [], []
     for gid, points in result.layout.tests:
         o = result.outcomes[gid]
         status = '<span class="pass">passed</span>' if o.passed else '<span class="fail">failed</span>'
         rows.append(f"<tr><td><code>{e(gid)}</code></td><td>{status}</td>"
-                    f"<td>{points if o.passed else 0:g} / {points:g}</td></tr>")
+                    f"<td>{result.points(gid, points):g} / {points:g}</td></tr>")
         if not o.passed:
             details.append(f"<h3><code>{e(gid)}</code></h3><div class='reason'>{e(o.reason)}</div>")
     code = [f"<h3><code>{e(ex)}</code></h3><pre>{e(src) if src is not None else '(cell not found)'}</pre>"
@@ -38,7 +36,7 @@ def render(result) -> str:
 <html lang="en"><head><meta charset="utf-8"><title>{e(result.chapter)}: feedback for {e(result.student)}</title>
 <style>{_CSS}</style></head><body>
 <h1>{e(result.chapter)}</h1>
-<p>Student <b>{e(result.student)}</b>: <b>{total:g} / {maximum:g}</b> points.</p>{note}
+<p>Student <b>{e(result.student)}</b>: <b>{result.score:g} / {result.max_score:g}</b> points.</p>{note}
 <table><tr><th>Test cell</th><th>Result</th><th>Score</th></tr>{''.join(rows)}</table>
 {'<h2>Why points were lost</h2>' + ''.join(details) if details else ''}
 <h2>Your graded code</h2>{''.join(code) or '<p>(no exercise code found)</p>'}

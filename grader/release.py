@@ -8,7 +8,6 @@ regions, clears outputs and records checksums. The result is written to
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -18,7 +17,7 @@ import nbformat
 from grader.notebooks import COURSE, chapters, check_chapter_id, read_source
 
 
-def _nbgrader_env() -> None:
+def nbgrader_env() -> None:
     # nbgrader migrates its gradebook by running the `alembic` script next to python.
     bindir = str(Path(sys.executable).parent)
     if bindir not in os.environ.get("PATH", "").split(os.pathsep):
@@ -30,7 +29,7 @@ def nbgrader_api(root: Path, db_url: str):
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config import Config
 
-    _nbgrader_env()
+    nbgrader_env()
     c = Config()
     c.CourseDirectory.root = str(root)
     c.CourseDirectory.db_url = db_url
@@ -68,7 +67,3 @@ def release(chapter_ids: list[str] | None = None, dest: Path = COURSE) -> list[P
             written.append(path)
     return written
 
-
-def copy_course(dest: Path) -> None:
-    """Copy the released notebooks (used by tests that build a student bundle)."""
-    shutil.copytree(COURSE, dest, dirs_exist_ok=True)

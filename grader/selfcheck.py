@@ -30,9 +30,7 @@ def selfcheck(chapter_ids: list[str] | None = None, workers: int = 2, log=print)
     by_key = {(r.student, r.chapter): r for r in results}
     for ch in chapter_ids:
         ref, blank = by_key[("reference", ch)], by_key[("blank", ch)]
-        maximum = sum(p for _, p in ref.layout.tests)
-        ref_score = sum(p for g, p in ref.layout.tests if ref.outcomes[g].passed)
-        blank_score = sum(p for g, p in blank.layout.tests if blank.outcomes[g].passed)
+        maximum, ref_score, blank_score = ref.max_score, ref.score, blank.score
         good = ref_score == maximum and blank_score == 0 and maximum > 0
         ok &= good
         log(f"{ch:<24}{ref_score:>6g}/{maximum:<5g}{blank_score:>6g}/{maximum:<3g}  {'ok' if good else 'FAILED'}")

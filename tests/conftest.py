@@ -1,15 +1,16 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-BIN = str(Path(sys.executable).parent)
-# nbgrader runs `alembic` from PATH; jupyter kernels are found next to this python.
-if BIN not in os.environ.get("PATH", "").split(os.pathsep):
-    os.environ["PATH"] = BIN + os.pathsep + os.environ.get("PATH", "")
+# Before anything imports coursekit.config, which reads it once.
 os.environ.setdefault("COURSE_FAST", "1")
+
+from grader.release import nbgrader_env  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+# nbgrader runs `alembic` from PATH, and notebook tests start kernels: both live next to python.
+nbgrader_env()
 
 
 @pytest.fixture(scope="session")

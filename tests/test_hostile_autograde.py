@@ -84,10 +84,8 @@ def test_nothing_outside_the_workers_changed(batch):
     for path, data in batch["before"].items():
         assert path.read_bytes() == data, f"{path} was changed"
     assert not batch["reached"], "a submission connected to a socket on this machine"
-    from grader.release import _nbgrader_env
     from nbgrader.api import Gradebook
 
-    _nbgrader_env()
     with Gradebook(f"sqlite:///{batch['out'] / 'gradebook.db'}") as gb:
         for r in batch["rows"]:
             assert gb.find_grade(r["problem"], CHAPTER, CHAPTER, r["student_id"]).score == float(r["score"])
