@@ -57,12 +57,32 @@ def pretrain(name: str, cfg: PretrainConfig | None = None) -> tuple[TinyGPT, flo
     return model, accuracy(model, held_out.x, held_out.y)
 
 
+CNN = "transfer_cnn_digits"
+
+
+def _write_cnn() -> None:
+    """The TransferCNN of ch04/ch05, pretrained on the source digits (about 10 s)."""
+    from coursekit.transfer import CHECKPOINT, pretrain_cnn
+
+    model, acc = pretrain_cnn()
+    if acc < 0.98:
+        raise RuntimeError(f"{CNN}: source accuracy {acc:.4f} is below 0.98; not overwriting the checkpoint")
+    CHECKPOINT.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), CHECKPOINT)
+    print(f"wrote {CHECKPOINT} ({CHECKPOINT.stat().st_size / 1024:.0f} KiB, "
+          f"{sum(p.numel() for p in model.parameters()):,} parameters, source-task accuracy {acc:.4f})")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", default=sorted(PRETRAINED),
-                        help=f"checkpoints to regenerate (default: all of {sorted(PRETRAINED)})")
+    choices = sorted(PRETRAINED) + [CNN]
+    parser.add_argument("names", nargs="*", default=choices,
+                        help=f"checkpoints to regenerate (default: all of {choices})")
     args = parser.parse_args(argv)
     for name in args.names:
+        if name == CNN:
+            _write_cnn()
+            continue
         spec = PRETRAINED[name]
         model, acc = pretrain(name)
         if acc < spec.min_accuracy:

@@ -1,0 +1,275 @@
+"""The transfer-learning setting of the partial-training chapters (ch04, ch05).
+
+A small CNN is pretrained on a *source* task and fine-tuned on a different *target* task, both
+built from scikit-learn's 8×8 digits (shipped with the package, nothing is downloaded):
+
+* source: the digits 0–4, upright (:func:`digits_tasks`);
+* target: the digits 5–9, drawn in *negative* (ink and paper swapped) and rotated by 90°. The
+  classes are new and the low-level statistics have changed, so the pretrained features are
+  useful but not enough: a new classifier alone is weak, and what else is trained matters.
+
+:class:`TransferCNN` is the network: conv blocks ``Conv2d(bias) → BatchNorm2d → ReLU`` in
+``self.blocks`` and a linear ``self.classifier``. Its layers behave like PyTorch's own with one
+memory difference, which the chapter measures: PyTorch's ``nn.Linear`` already keeps nothing
+for backward when its weight is frozen (∂x = g W needs only W), but ``nn.Conv2d`` and
+``nn.BatchNorm2d`` keep their input whatever is frozen. :class:`LeanConv2d` and
+:class:`LeanBatchNorm2d` are drop-in subclasses that do not: a frozen convolution back-propagates
+with ``conv2d_input`` (weights only), and a BatchNorm whose weight is frozen runs on its running
+statistics as the affine map ``x · s + t`` (``s`` is a per-channel constant). Training mode
+follows the same rule: :meth:`TransferCNN.train` leaves a BatchNorm with a frozen weight in eval
+mode, the usual practice when its statistics are not being learned.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from coursekit.models import _check_widths, _seeded
+
+CHECKPOINT = Path(__file__).resolve().parents[1] / "data" / "checkpoints" / "transfer_cnn_digits.pt"
+
+
+# --- data ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Split:
+    """Images (N, 1, 8, 8) in [0, 1] and labels (N,) in 0..num_classes−1."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    train: Split
+    test: Split
+    num_classes: int
+
+
+@lru_cache(maxsize=None)
+def _digits() -> tuple[torch.Tensor, torch.Tensor]:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (1797, 1, 8, 8) in [0, 1]
+    return x, torch.tensor(d.target, dtype=torch.long)
+
+
+def _split(x: torch.Tensor, y: torch.Tensor, n_train: int, seed: int) -> tuple[Split, Split]:
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+    tr, te = order[:n_train], order[n_train:]
+    return Split(x[tr].clone(), y[tr].clone()), Split(x[te].clone(), y[te].clone())
+
+
+def digits_tasks(target_train: int = 300) -> tuple[Task, Task]:
+    """The source and target tasks (deterministic).
+
+    Args:
+        target_train: labelled target images for fine-tuning (the rest, about 600, are the test
+            set). Few labels on purpose: fine-tuning data is scarce on a device.
+
+    Returns:
+        ``(source, target)``: source = digits 0–4 (about 720 train / 180 test);
+        target = digits 5–9 in negative, rotated by 90°, labels 0–4 standing for 5–9.
+    """
+    x, y = _digits()
+    src = y < 5
+    source = Task("digits 0-4", *_split(x[src], y[src], int(0.8 * int(src.sum())), seed=0), num_classes=5)
+    if not 10 <= target_train <= 800:
+        raise ValueError(f"target_train must be between 10 and 800 images, got {target_train}")
+    xt = torch.rot90(1.0 - x[~src], k=1, dims=(2, 3))
+    target = Task("digits 5-9, negative, rotated", *_split(xt, y[~src] - 5, target_train, seed=1), num_classes=5)
+    return source, target
+
+
+# --- layers that keep nothing they do not need -----------------------------------------------------
+class _FrozenConv(torch.autograd.Function):
+    """conv2d whose weight is frozen: backward needs only the weight, so no input is saved."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, stride, padding):
+        ctx.weight, ctx.shape, ctx.conf = weight, x.shape, (stride, padding)
+        ctx.has_bias = bias is not None and bias.requires_grad
+        return F.conv2d(x, weight, bias, stride, padding)
+
+    @staticmethod
+    def backward(ctx, g):
+        stride, padding = ctx.conf
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.nn.grad.conv2d_input(ctx.shape, ctx.weight, g, stride, padding)
+        db = g.sum(dim=(0, 2, 3)) if ctx.has_bias else None
+        return dx, None, db, None, None
+
+
+class LeanConv2d(nn.Conv2d):
+    """``nn.Conv2d`` that saves no input when its weight is frozen (groups = 1, dilation = 1, zero padding;
+    other convolutions behave exactly like ``nn.Conv2d``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        plain = self.groups != 1 or self.dilation != (1, 1) or self.padding_mode != "zeros"
+        if self.weight.requires_grad or plain or not torch.is_grad_enabled():
+            return super().forward(x)
+        return _FrozenConv.apply(x, self.weight, self.bias, self.stride, self.padding)
+
+
+class LeanBatchNorm2d(nn.BatchNorm2d):
+    """``nn.BatchNorm2d`` that, in eval mode with a frozen weight, is the affine map x·s + t.
+
+    s = γ / √(running_var + ε) is a constant of shape (C,), so backward keeps only s (C numbers)
+    instead of the whole input; t = β − running_mean · s still carries β's gradient.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training or self.weight.requires_grad:
+            return super().forward(x)
+        with torch.no_grad():
+            s = self.weight * torch.rsqrt(self.running_var + self.eps)
+            shift = self.running_mean * s
+        t = self.bias - shift
+        return x * s[:, None, None] + t[:, None, None]
+
+
+# --- the network ---------------------------------------------------------------------------------
+class ConvBlock(nn.Sequential):
+    """conv (3×3, bias) → bn → act: (B, c_in, H, W) → (B, c_out, H/stride, W/stride)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int = 1):
+        super().__init__()
+        self.conv = LeanConv2d(c_in, c_out, 3, stride=stride, padding=1, bias=True)
+        self.bn = LeanBatchNorm2d(c_out)
+        self.act = nn.ReLU()
+
+
+class TransferCNN(nn.Module):
+    """Conv blocks for 8×8 digits: (B, 1, 8, 8) → logits (B, num_classes).
+
+    Args:
+        widths: output channels of each block.
+        strides: stride of each block (2 halves the resolution).
+        num_classes: outputs of the ``classifier``.
+        seed: initialisation seed.
+    """
+
+    def __init__(self, widths: Sequence[int] = (32, 64, 64, 128), strides: Sequence[int] = (1, 1, 2, 1),
+                 num_classes: int = 5, seed: int = 0):
+        super().__init__()
+        widths = _check_widths("widths", widths, 1)
+        strides = _check_widths("strides", strides, 1)
+        if len(widths) != len(strides):
+            raise ValueError(f"widths and strides must have the same length, got {len(widths)} and {len(strides)}")
+        with _seeded(seed):
+            c_in, blocks = 1, []
+            for c_out, s in zip(widths, strides):
+                blocks.append(ConvBlock(c_in, c_out, s))
+                c_in = c_out
+            self.blocks = nn.ModuleList(blocks)
+            self.classifier = nn.Linear(c_in, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 1, 8, 8) → (B, num_classes)
+        for block in self.blocks:
+            x = block(x)
+        return self.classifier(x.mean(dim=(2, 3)))
+
+    def train(self, mode: bool = True) -> "TransferCNN":
+        """Train mode, except that a BatchNorm whose weight is frozen keeps its running statistics."""
+        super().train(mode)
+        for m in self.modules():
+            if isinstance(m, nn.BatchNorm2d) and not m.weight.requires_grad:
+                m.eval()
+        return self
+
+
+def new_classifier(model: TransferCNN, num_classes: int, seed: int = 0) -> TransferCNN:
+    """Replace ``model.classifier`` by a freshly initialised one with ``num_classes`` outputs."""
+    with _seeded(seed):
+        model.classifier = nn.Linear(model.classifier.in_features, num_classes)
+    return model
+
+
+# --- training ------------------------------------------------------------------------------------
+@dataclass
+class FineTuneConfig:
+    epochs: int = 30  # passes over the (small) target training set
+    batch_size: int = 32
+    lr: float = 3e-3  # Adam, cosine decay to 0
+    weight_decay: float = 0.0
+    seed: int = 0  # batch order
+
+
+def fine_tune(model: nn.Module, data: Split, cfg: FineTuneConfig | None = None, progress: bool = False) -> list[float]:
+    """Train the parameters of ``model`` that require grad on ``data``; returns the loss per epoch.
+
+    Raises:
+        ValueError: nothing in ``model`` requires grad.
+    """
+    cfg = cfg or FineTuneConfig()
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameter: call set_trainable first")
+    opt = torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    steps_per_epoch = -(-len(data) // cfg.batch_size)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs * steps_per_epoch)
+    g = torch.Generator().manual_seed(cfg.seed)
+    model.train()
+    losses = []
+    epochs = range(cfg.epochs)
+    if progress:
+        from tqdm.auto import tqdm
+
+        epochs = tqdm(epochs, desc="fine-tune", leave=False)
+    for _ in epochs:
+        order, total = torch.randperm(len(data), generator=g), 0.0
+        for i in range(0, len(data), cfg.batch_size):
+            idx = order[i:i + cfg.batch_size]
+            loss = F.cross_entropy(model(data.x[idx]), data.y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            total += loss.item() * len(idx)
+        losses.append(total / len(data))
+    model.eval()
+    return losses
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: Split) -> float:
+    """Top-1 accuracy of ``model`` on ``data`` (eval mode), in [0, 1]."""
+    was_training = model.training
+    model.eval()
+    acc = float((model(data.x).argmax(dim=1) == data.y).float().mean())
+    model.train(was_training)
+    return acc
+
+
+# --- the pretrained checkpoint -------------------------------------------------------------------
+def pretrain_cnn(epochs: int = 40, seed: int = 0, progress: bool = True) -> tuple[TransferCNN, float]:
+    """Train :class:`TransferCNN` from scratch on the source task; returns it and its test accuracy."""
+    source, _ = digits_tasks()
+    model = TransferCNN(num_classes=source.num_classes, seed=seed)
+    fine_tune(model, source.train, FineTuneConfig(epochs=epochs, lr=3e-3, weight_decay=1e-4, seed=seed),
+              progress=progress)
+    return model, evaluate(model, source.test)
+
+
+def load_pretrained_cnn(num_classes: int = 5, seed: int = 0) -> TransferCNN:
+    """The CNN pretrained on the source task, with a new ``classifier`` of ``num_classes`` outputs.
+
+    Every parameter is trainable; ``seed`` initialises the new classifier.
+    """
+    if not CHECKPOINT.exists():
+        raise FileNotFoundError(f"checkpoint {CHECKPOINT} is missing: run `make checkpoints` "
+                                "(python -m coursekit.pretrain) from the repository root to create it")
+    model = TransferCNN()
+    model.load_state_dict(torch.load(CHECKPOINT, map_location="cpu", weights_only=True))
+    return new_classifier(model, num_classes, seed=seed)
