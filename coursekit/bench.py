@@ -3,10 +3,13 @@
 For each model and batch size: activation bytes and FLOPs (exact, from ``measure``) beside
 the median wall time of forward + backward over a few repeats, on the CPU and, when CUDA
 is present, on the GPU with its peak allocated bytes. Use it to see that FLOPs and bytes
-predict time only roughly on a CPU.
+predict time only roughly on a CPU. Then every chapter kernel's own benchmark
+(``python -m kernels.chNN_name``: Triton against PyTorch on a GPU; each says "skipped" without CUDA).
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import statistics
 import time
 
@@ -63,6 +66,17 @@ def main() -> None:
                     f"{m.total_flops / 1e9:>8.3f} {ms:>9.2f} {peak:>9}")
     print(header)
     print("\n".join(rows))
+    for name in kernel_benchmarks():
+        print(f"\n== {name} ==")
+        importlib.import_module(name).main()
+
+
+def kernel_benchmarks() -> list[str]:
+    """The chapter kernel modules (``kernels/chNN_*.py``) that define a ``main()`` benchmark."""
+    import kernels
+
+    names = sorted(m.name for m in pkgutil.iter_modules(kernels.__path__) if m.name.startswith("ch"))
+    return [f"kernels.{n}" for n in names if hasattr(importlib.import_module(f"kernels.{n}"), "main")]
 
 
 if __name__ == "__main__":
