@@ -482,3 +482,42 @@ def test_the_strongest_isolation_mode_starts():
 
     modes = supervisor.isolation_modes()
     assert judge._server().mode == modes[0], f"the sandbox fell back from {modes[0]!r}"
+
+
+# --- concurrent grading threads ----------------------------------------------------------------
+def test_checks_in_parallel_threads_keep_their_seeded_global_rng_draws():
+    """autograde --workers N runs checks in threads of one judge: a check that seeds torch's global
+    RNG right before a reference that draws from it (dropout) must see its own stream, even while
+    other checks run; the judge lock lets go only while a check waits for its worker."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def check(nb):
+        for seed in range(30):
+            fetch(nb.scaled_sum(nb.put(torch.ones(3)), 1.0))  # a round trip: the lock is let go here
+            torch.manual_seed(seed)
+            drawn = torch.nn.functional.dropout(torch.ones(2000), 0.5)
+            torch.manual_seed(seed)
+            assert torch.equal(drawn, torch.nn.functional.dropout(torch.ones(2000), 0.5)), "RNG stream interleaved"
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        outcomes = list(pool.map(lambda _: run(check, toy.SOLUTION), range(3)))
+    assert all(o.passed for o in outcomes), [o.reason for o in outcomes]
+
+
+def test_the_judge_lock_is_let_go_while_waiting_for_a_worker():
+    import threading
+
+    from grader.sandbox import rpc
+
+    entered = threading.Event()
+
+    def other():
+        with rpc.judging():
+            entered.set()
+
+    with rpc.judging():
+        with rpc._waiting_for_worker():
+            t = threading.Thread(target=other)
+            t.start()
+            assert entered.wait(10), "another check could not run while this one waited for its worker"
+            t.join()

@@ -107,7 +107,7 @@ from pathlib import Path
 from grader.api import checks_for
 from grader.sandbox.codec import NotTransferable
 from grader.sandbox.rpc import (  # noqa: F401 - StudentError, Handle, RemoteNamespace: public here
-    Handle, MissingName, RemoteNamespace, Stop, StudentError)
+    Handle, MissingName, RemoteNamespace, Stop, StudentError, judging)
 from grader.sandbox.supervisor import (  # noqa: F401 - all but format_size: public here
     CONTROL_SECONDS, REPO_ROOT, SERVER_START_SECONDS, format_size, isolation_modes, shutdown)
 # _run_one looks the server up in this module, where a caller may substitute another mode.
@@ -181,7 +181,8 @@ def _run_one(grade_id: str, check, program: list[str], files: dict, limits: Limi
         passed, reason = False, ""
         try:
             worker.run_program(program, files)
-            check(RemoteNamespace(worker))
+            with judging():
+                check(RemoteNamespace(worker))
             passed = True
         except Stop as e:
             reason = e.reason

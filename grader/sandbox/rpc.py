@@ -39,7 +39,9 @@ import json
 import os
 import pickle
 import select
+import threading
 import time
+from contextlib import contextmanager
 
 from grader.sandbox.codec import NotTransferable, decode
 from grader.sandbox.handles import Handle, RemoteNamespace  # noqa: F401 - public here
@@ -48,6 +50,42 @@ HEADER_BYTES = 4
 MAX_REPLY = 64 * 1024**2  # bytes; a larger reply is malformed
 MAX_MESSAGE_CHARS = 500  # exception messages are cut to this length
 MAX_NOTICES = 64  # out-of-band notices per problem; more is malformed
+
+# --- one check's judge-side code at a time ------------------------------------------------------
+# ``autograde --workers N`` grades in N threads of one judge process, and their hidden checks
+# share process-wide state: above all torch's global RNG, which a check seeds right before a
+# reference that draws from it (dropout). A check runs holding this lock, and lets go only while
+# it waits for its worker, so the judge-side code of two checks never interleaves while the
+# workers still run in parallel.
+_JUDGE_LOCK = threading.Lock()
+_held = threading.local()
+
+
+@contextmanager
+def judging():
+    """Hold the judge lock for one check (released while waiting for the worker)."""
+    _JUDGE_LOCK.acquire()
+    _held.value = True
+    try:
+        yield
+    finally:
+        _held.value = False
+        _JUDGE_LOCK.release()
+
+
+@contextmanager
+def _waiting_for_worker():
+    if not getattr(_held, "value", False):
+        yield
+        return
+    _held.value = False
+    _JUDGE_LOCK.release()
+    try:
+        yield
+    finally:
+        _JUDGE_LOCK.acquire()
+        _held.value = True
+
 
 
 def frame(body: bytes) -> bytes:
@@ -229,11 +267,12 @@ class Connection:
         buf = io.BytesIO()
         _Pickler(buf, self).dump(message)
         try:
-            self._write(frame(buf.getvalue()))
-            while True:
-                reply = self._parse(read_reply_frame(self.rep_fd, self.deadline))
-                if reply is not None:
-                    return reply
+            with _waiting_for_worker():
+                self._write(frame(buf.getvalue()))
+                while True:
+                    reply = self._parse(read_reply_frame(self.rep_fd, self.deadline))
+                    if reply is not None:
+                        return reply
         except (Deadline, TimeoutError):
             raise Stop(f"your code did not finish within the time limit of "
                        f"{self.wall_seconds:g} s") from None

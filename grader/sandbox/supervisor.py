@@ -245,9 +245,13 @@ def _server_env() -> dict:
     env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"}
-    for key in ("HOME", "COURSE_FAST", "TRITON_INTERPRET", "PYTHONHASHSEED"):
+    for key in ("HOME", "COURSE_FAST", "PYTHONHASHSEED"):
         if key in os.environ:
             env[key] = os.environ[key]
+    # Workers grade on the CPU: Triton kernels run in its interpreter, which must be on before
+    # the fork server's preload imports triton (torch._dynamo does), or interpreted kernels
+    # cannot call triton's own jit helpers (tl.zeros, tl.max, tl.sum).
+    env["TRITON_INTERPRET"] = "1"
     return env
 
 
