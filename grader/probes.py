@@ -61,30 +61,6 @@ def measure_forward_backward(module: nn.Module, x: torch.Tensor, grad_out: torch
             "forward_flops": m.forward_flops, "backward_flops": m.backward_flops}
 
 
-class ch03_BatchSizeRecorder(nn.Module):
-    """Wraps a model and records the batch size of every forward call in ``self.sizes``."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-        self.sizes: list[int] = []
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.sizes.append(int(x.shape[0]))
-        return self.model(x)
-
-
-def ch03_describe(value) -> dict:
-    """What a function returned: its type and, for a tensor, shape, dtype and autograd flags."""
-    if isinstance(value, torch.Tensor):
-        return {"type": "Tensor", "shape": list(value.shape), "dtype": str(value.dtype),
-                "requires_grad": bool(value.requires_grad), "has_grad_fn": value.grad_fn is not None,
-                "value": value.detach().clone()}
-    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-    return {"type": type(value).__name__, "shape": None, "dtype": None, "requires_grad": None,
-            "has_grad_fn": None, "value": number}
-
-
 def ch02_run_and_trace(fn: Callable, module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, *extra,
                        seed: int = 0, x_requires_grad: bool = True) -> dict:
     """Run ``fn(module, x, *extra)`` and back-propagate ``grad_out``; report outputs, gradients,
@@ -132,3 +108,417 @@ def ch02_run_and_trace(fn: Callable, module: nn.Module, x: torch.Tensor, grad_ou
         "forward_calls": calls["forward"],
         "backward_calls": calls["backward"],
     }
+
+
+class ch03_BatchSizeRecorder(nn.Module):
+    """Wraps a model and records the batch size of every forward call in ``self.sizes``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.sizes: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.sizes.append(int(x.shape[0]))
+        return self.model(x)
+
+
+def ch03_describe(value) -> dict:
+    """What a function returned: its type and, for a tensor, shape, dtype and autograd flags."""
+    if isinstance(value, torch.Tensor):
+        return {"type": "Tensor", "shape": list(value.shape), "dtype": str(value.dtype),
+                "requires_grad": bool(value.requires_grad), "has_grad_fn": value.grad_fn is not None,
+                "value": value.detach().clone()}
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return {"type": type(value).__name__, "shape": None, "dtype": None, "requires_grad": None,
+            "has_grad_fn": None, "value": number}
+
+
+# --- ch04_partial_training -----------------------------------------------------------------------
+def ch04_trainable(module: nn.Module) -> dict[str, list]:
+    """{qualified name: [numel, requires_grad]} for every parameter (no values)."""
+    return {name: [int(p.numel()), bool(p.requires_grad)] for name, p in module.named_parameters()}
+
+
+def ch04_error(fn: Callable, *args, **kwargs) -> dict | None:
+    """Call ``fn``; None if it returned, else the exception's class names (MRO) and message."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - reporting what was raised is the point
+        return {"types": [c.__name__ for c in type(e).__mro__], "message": str(e)[:500]}
+    return None
+
+
+def ch04_saved_run(fn: Callable, x: torch.Tensor, grad_out: torch.Tensor, overwrite: bool = False) -> dict:
+    """Run ``y = fn(x)`` on a leaf copy of ``x`` that requires grad, recording every storage autograd
+    saves; then back-propagate ``grad_out``. With ``overwrite``, the values of ``x`` and ``y`` are
+    overwritten in place (``x`` negated, ``y`` zeroed, through ``.data`` so autograd does not notice)
+    between forward and backward: only what was saved for backward can still inform the gradient.
+
+    Reports the output (before any overwrite), whether it is attached to the graph, the input
+    gradient, the activation bytes and, for each saved storage, its shape, dtype and bytes."""
+    from coursekit.measure import saved_tensors
+
+    x = x.detach().clone().requires_grad_(True)
+    with saved_tensors() as rec:
+        y = fn(x)
+    if not isinstance(y, torch.Tensor):
+        return {"attached": False, "y": None}
+    out = {"attached": y.grad_fn is not None, "y": y.detach().clone(), "dtype": str(y.dtype),
+           "activation_bytes": rec.activation_bytes,
+           "saved": [{"shape": list(s.shape), "dtype": str(s.dtype), "nbytes": s.nbytes,
+                      "floating": s.dtype.is_floating_point}
+                     for s in rec.tensors]}
+    if not out["attached"]:
+        return out
+    if overwrite:
+        x.data.neg_()
+        y.data.zero_()
+    y.backward(grad_out)
+    out["dx"] = None if x.grad is None else x.grad.detach().clone()
+    return out
+
+
+# --- ch05_tinytl ---------------------------------------------------------------------------------
+def ch05_lite_run(module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, values: dict | None = None) -> dict:
+    """One training-mode forward + backward of ``module`` on a leaf copy of ``x``.
+
+    Reports the parameters as found ("params": name, shape, requires_grad, value), then, after
+    overwriting the parameters named in ``values`` (in place, no grad), the output, the input and
+    parameter gradients and the activation bytes saved for backward; finally the eval-mode output.
+    """
+    from coursekit.measure import saved_tensors
+
+    params = [{"name": n, "shape": list(p.shape), "requires_grad": bool(p.requires_grad), "value": p.detach().clone()}
+              for n, p in module.named_parameters()]
+    named = dict(module.named_parameters())
+    with torch.no_grad():
+        for name, value in (values or {}).items():
+            named[name].copy_(value)
+    module.zero_grad(set_to_none=True)
+    module.train()
+    x = x.detach().clone().requires_grad_(True)
+    with saved_tensors(module) as rec:
+        y = module(x)
+    y.backward(grad_out)
+    module.eval()
+    with torch.no_grad():
+        y_eval = module(x)
+    return {"params": params, "y": y.detach().clone(), "y_eval": y_eval.clone(),
+            "dx": None if x.grad is None else x.grad.clone(),
+            "grads": {n: None if p.grad is None else p.grad.detach().clone() for n, p in module.named_parameters()},
+            "activation_bytes": rec.activation_bytes}
+
+
+def _ch05_named(model: nn.Module, class_name: str) -> list[nn.Module]:
+    return [m for m in model.modules() if type(m).__name__ == class_name]
+
+
+def ch05_tinytl_describe(apply_fn: Callable, model: nn.Module, x: torch.Tensor,
+                         class_name: str = "LiteResidual") -> dict:
+    """Call ``apply_fn(model)``; report what came back: each parameter (name, name before the call or
+    None if new, requires_grad, numel, inside a module whose class is named ``class_name``), the
+    (input shape, output shape) of every call of such modules during one eval-mode forward of ``x``,
+    and the outputs of the returned model on ``x`` in eval mode and in train mode (no grad)."""
+    before = {id(p): n for n, p in model.named_parameters()}
+    out = apply_fn(model)
+    if not isinstance(out, nn.Module):
+        return {"returned": type(out).__name__}
+    side = _ch05_named(out, class_name)
+    inside = {id(p) for m in side for p in m.parameters()}
+    params = [{"name": n, "original": before.get(id(p)), "requires_grad": bool(p.requires_grad),
+               "numel": p.numel(), "inside": id(p) in inside} for n, p in out.named_parameters()]
+    calls: list = []
+    hooks = [m.register_forward_hook(lambda _m, i, o: calls.append([list(i[0].shape), list(o.shape)])) for m in side]
+    try:
+        with torch.no_grad():
+            y_eval = out.eval()(x)
+            n_calls = len(calls)
+            y_train = out.train()(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    out.eval()
+    return {"returned": "the same model" if out is model else type(out).__name__, "params": params,
+            "calls": calls[:n_calls], "y_eval": y_eval.clone(), "y_train": y_train.clone()}
+
+
+def ch05_saved_split(model: nn.Module, x: torch.Tensor, y: torch.Tensor, class_name: str = "LiteResidual") -> dict:
+    """Storages saved for backward by one train-mode cross-entropy step of ``model`` (parameters and
+    buffers excluded), split by where they were first saved: inside a module whose class is named
+    ``class_name`` or outside. Each side: total bytes and [shape, dtype, bytes] per storage."""
+    from coursekit.measure import _state_keys, _storage_key
+
+    state, seen, depth = _state_keys([model]), {}, [0]
+
+    def enter(*_):
+        depth[0] += 1
+
+    def leave(*_):
+        depth[0] -= 1
+
+    def pack(t):
+        key = _storage_key(t)
+        if key not in seen and not (isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or key in state):
+            seen[key] = ("inside" if depth[0] else "outside", [list(t.shape), str(t.dtype), key[3]])
+        return t
+
+    hooks = [h for m in _ch05_named(model, class_name)
+             for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
+    model.train()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = nn.functional.cross_entropy(model(x), y)
+    finally:
+        for h in hooks:
+            h.remove()
+    loss.backward()
+    out = {side: {"bytes": 0, "tensors": []} for side in ("inside", "outside")}
+    for side, info in seen.values():
+        out[side]["bytes"] += info[2]
+        out[side]["tensors"].append(info)
+    return out
+
+
+def ch05_train_steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: int = 6, lr: float = 1e-2) -> dict:
+    """``steps`` Adam steps on the parameters of ``model`` that require grad (cross-entropy on one
+    batch, train mode); the loss before each step and, per parameter name, whether it changed."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    if not params:
+        return {"losses": [], "changed": {}}
+    start = {n: p.detach().clone() for n, p in params.items()}
+    opt = torch.optim.Adam(params.values(), lr=lr)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": losses, "changed": {n: bool((p.detach() != start[n]).any()) for n, p in params.items()}}
+
+
+def ch08_traced_call(fn: Callable, *args) -> dict:
+    """Call ``fn(*args)``; return its result and the dtypes of every tensor the aten ops inside produced."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    produced: set[str] = set()
+
+    class _Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (list, tuple)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    produced.add(str(t.dtype))
+            return out
+
+    with _Recorder():
+        result = fn(*args)
+    return {"result": result, "dtypes": sorted(produced)}
+
+
+def ch08_tensor_inventory(module: nn.Module) -> list[dict]:
+    """Every tensor a module holds, each storage once: parameters, buffers, and plain attributes of
+    every submodule (also inside lists, tuples and dicts)."""
+    found: list[dict] = []
+    seen: set = set()
+
+    def add(where: str, t: torch.Tensor) -> None:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), str(t.dtype))
+        if key in seen:
+            return
+        seen.add(key)
+        found.append({"where": where, "dtype": str(t.dtype), "numel": int(t.numel()),
+                      "nbytes": int(t.numel() * t.element_size()), "floating": bool(t.is_floating_point()),
+                      "requires_grad": bool(t.requires_grad)})
+
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        add(name, t)
+    for prefix, sub in module.named_modules():
+        for attr, value in vars(sub).items():
+            where = f"{prefix}.{attr}" if prefix else attr
+            if isinstance(value, dict):
+                items = [(f"{where}[{k!r}]", v) for k, v in value.items()]
+            elif isinstance(value, (list, tuple)):
+                items = [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+            else:
+                items = [(where, value)]
+            for label, item in items:
+                if isinstance(item, torch.Tensor):
+                    add(label, item)
+    return found
+
+
+# --- ch09_mixed_precision -----------------------------------------------------------------------
+def ch09_optimizer_state(optimizer) -> dict:
+    """The optimizer's per-parameter state as plain data: {"p<i>": {key: value}} for every parameter
+    that has state, ``i`` counting the parameters of all param groups in order."""
+    out, i = {}, 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            if state:
+                out[f"p{i}"] = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+            i += 1
+    return out
+
+
+def _ch09_grads(params) -> list:
+    return [None if p.grad is None else p.grad.detach().clone() for p in params]
+
+
+def ch09_drive_scaler(scaler, model: nn.Module, optimizer, x: torch.Tensor, y: torch.Tensor, plan: list) -> list:
+    """Drive ``scaler`` through ``len(plan)`` training steps (MSE loss of ``model(x)`` against ``y``).
+
+    Each plan item is a dict: "poison" (None, or [param index, flat index, value] written into that
+    gradient after the scaled backward: an injected overflow), "unscale" (call ``unscale_`` before
+    ``step``), "twice" (then call ``unscale_`` again and record what it raised). Returns one record
+    per step: gradients before and after unscaling, the scale at each stage, parameters and
+    optimizer state after the step.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    records = []
+    for item in plan:
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(model(x), y)
+        scaler.scale(loss).backward()
+        if item.get("poison") is not None:
+            i, j, value = item["poison"]
+            with torch.no_grad():
+                params[i].grad.view(-1)[j] = value
+        scale = scaler.get_scale()
+        rec = {"raw_grads": _ch09_grads(params), "scale_type": type(scale).__name__, "scale_used": float(scale)}
+        if item.get("unscale"):
+            scaler.unscale_(optimizer)
+            rec["unscaled_grads"] = _ch09_grads(params)
+            if item.get("twice"):
+                rec["second_unscale"] = raised(scaler.unscale_, optimizer)
+        ret = scaler.step(optimizer)
+        rec["step_return"] = ret if ret is None or isinstance(ret, (int, float)) else type(ret).__name__
+        rec["grads_after_step"] = _ch09_grads(params)
+        rec["scale_after_step"] = float(scaler.get_scale())
+        scaler.update()
+        rec["scale"] = float(scaler.get_scale())
+        rec["params"] = [p.detach().clone() for p in params]
+        rec["state"] = ch09_optimizer_state(optimizer)
+        records.append(rec)
+    return records
+
+
+class ch09_AutocastRecorder(nn.Module):
+    """Wraps a model; for every forward call records whether autocast was on for the input's device,
+    its dtype, and the dtypes of the input, the output and the wrapped model's parameters."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.calls: list[dict] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device = x.device.type
+        enabled = bool(torch.is_autocast_enabled(device))
+        out = self.model(x)
+        self.calls.append({"autocast": enabled, "dtype": str(torch.get_autocast_dtype(device)) if enabled else None,
+                           "input": str(x.dtype), "output": str(out.dtype),
+                           "params": sorted({str(p.dtype) for p in self.model.parameters()})})
+        return out
+
+
+class ch09_ScalerRecorder:
+    """A ``torch.amp.GradScaler("cpu", **kwargs)`` that records the names of the methods called on it."""
+
+    def __init__(self, **kwargs):
+        self.scaler = torch.amp.GradScaler("cpu", **kwargs)
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("scaler", "calls"):
+            raise AttributeError(name)
+        self.calls.append(name)
+        return getattr(self.scaler, name)
+
+    def scale(self, outputs):
+        self.calls.append("scale")
+        return self.scaler.scale(outputs)
+
+    def unscale_(self, optimizer) -> None:
+        self.calls.append("unscale_")
+        self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer, *args, **kwargs):
+        self.calls.append("step")
+        return self.scaler.step(optimizer, *args, **kwargs)
+
+    def update(self, new_scale=None) -> None:
+        self.calls.append("update")
+        self.scaler.update(new_scale)
+
+    def get_scale(self) -> float:
+        return self.scaler.get_scale()
+
+
+class ch09_LossRecorder(nn.Module):
+    """``loss_fn(output, target) * factor``, recording for every call whether autocast was on for the
+    output's device (a factor of inf injects an overflow)."""
+
+    def __init__(self, loss_fn: nn.Module, factor: float = 1.0):
+        super().__init__()
+        self.loss_fn = loss_fn
+        self.factor = factor
+        self.calls: list[dict] = []
+
+    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        self.calls.append({"autocast": bool(torch.is_autocast_enabled(output.device.type))})
+        loss = self.loss_fn(output, target)
+        return loss * self.factor if self.factor != 1.0 else loss
+
+
+def ch10_trace(fn: Callable, *args, **kwargs) -> dict:
+    """Call ``fn(*args, **kwargs)`` under a dispatch mode; report what it returned ("result"), the
+    names of the aten operators it ran ("ops", sorted) and the largest tensor any operator produced,
+    measured by the elements of its storage (views of a smaller tensor count as that tensor):
+    "max_elements" and "max_shape"."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    seen = {"ops": set(), "max_elements": 0, "max_shape": []}
+
+    class _Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            seen["ops"].add(str(func.overloadpacket.__name__))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    elements = t.untyped_storage().nbytes() // max(t.element_size(), 1)
+                    if elements > seen["max_elements"]:
+                        seen["max_elements"], seen["max_shape"] = elements, list(t.shape)
+            return out
+
+    with _Record():
+        result = fn(*args, **kwargs)
+    detach = (lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t)
+    result = tuple(detach(r) for r in result) if isinstance(result, (tuple, list)) else detach(result)
+    return {"result": result, "ops": sorted(seen["ops"]), "max_elements": seen["max_elements"],
+            "max_shape": seen["max_shape"]}
+
+
+def ch10_autograd_run(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+                      *extra) -> dict:
+    """Run ``o = fn(q, k, v, *extra)`` (e.g. ``FlashAttention.apply``) on leaf copies of q, k, v
+    recording what autograd saves, then back-propagate ``grad_out``. Reports the output, the three
+    input gradients, whether the output is attached, the activation bytes saved during the forward
+    call and the shape, dtype and bytes of each saved storage."""
+    from coursekit.measure import saved_tensors
+
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    with saved_tensors() as rec:
+        o = fn(q, k, v, *extra)
+    if not isinstance(o, torch.Tensor) or o.grad_fn is None:
+        return {"attached": False, "o": o.detach().clone() if isinstance(o, torch.Tensor) else None}
+    o.backward(grad_out)
+    return {"attached": True, "o": o.detach().clone(),
+            "grads": [None if t.grad is None else t.grad.clone() for t in (q, k, v)],
+            "activation_bytes": rec.activation_bytes,
+            "saved": [{"shape": list(s.shape), "dtype": str(s.dtype), "nbytes": s.nbytes}
+                      for s in rec.tensors if not s.is_state]}
