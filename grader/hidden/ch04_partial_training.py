@@ -1,0 +1,262 @@
+"""Hidden tests of chapter 4 (partial training).
+
+``set_trainable`` runs on TransferCNN variants of other widths, depths and strides, and on a
+model whose blocks are anonymous ``nn.Sequential(nn.Conv2d, nn.BatchNorm2d, nn.ReLU)`` (BatchNorm
+found by type, not by attribute name), through a sequence of modes on the same model (each call
+must also freeze what the previous one trained); the returned count must be the real one.
+``pack_bits`` / ``unpack_bits`` are compared with ``numpy.packbits(..., bitorder="little")``;
+the buffers given to ``unpack_bits`` carry garbage in their unused tail bits. ``relu_1bit`` is
+compared with plain ``torch.relu`` autograd (exact zeros included), and what it saves is measured
+in the student's process (``probes.ch04_saved_run``), once more with the input and output
+overwritten between forward and backward.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+from coursekit.checks import check_close, check_equal
+from coursekit.transfer import TransferCNN
+from grader import probes
+from grader.api import fetch, hidden_test
+
+MODES = ("full", "last", "bn+last", "bias+last")
+RULES = {
+    "full": "every parameter",
+    "last": "every parameter of model.classifier and nothing else",
+    "bn+last": ("the weight and bias of every BatchNorm layer plus every parameter of model.classifier; "
+                "convolution biases stay frozen"),
+    "bias+last": ("every parameter named 'bias' (convolution and BatchNorm) plus every parameter of "
+                  "model.classifier; BatchNorm weights stay frozen"),
+}
+BIT_ORDER_HINT = "element 8k + j of the flattened mask is bit j (value 2**j) of byte k, not bit 7 - j"
+TAIL_HINT = "n elements need ceil(n / 8) bytes: the last, partly used byte must be kept"
+BYTES_HINT = ("save exactly one thing for backward, pack_bits(x > 0), with ctx.save_for_backward; "
+              "a bool mask costs a byte per element, the fp32 input or output 4 bytes")
+
+
+# --- set_trainable --------------------------------------------------------------------------------
+def _plain_model(seed: int) -> TransferCNN:
+    """A TransferCNN whose blocks are nn.Sequential(nn.Conv2d, nn.BatchNorm2d, nn.ReLU): PyTorch's
+    own layers, named "0", "1", "2"; the second convolution has no bias."""
+    model = TransferCNN(widths=(5, 9, 11), strides=(1, 2, 1), num_classes=4, seed=seed)
+    torch.manual_seed(seed)
+    blocks, c_in = [], 1
+    for c_out, stride, bias in ((5, 1, True), (9, 2, False), (11, 1, True)):
+        blocks.append(nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=bias),
+                                    nn.BatchNorm2d(c_out), nn.ReLU()))
+        c_in = c_out
+    model.blocks = nn.ModuleList(blocks)
+    return model
+
+
+def _models() -> dict[str, nn.Module]:
+    return {
+        "TransferCNN()": TransferCNN(seed=3),
+        "TransferCNN(widths=(8, 12, 20), strides=(2, 1, 1), num_classes=3)":
+            TransferCNN(widths=(8, 12, 20), strides=(2, 1, 1), num_classes=3, seed=1),
+        "TransferCNN(widths=(6, 10, 14, 18, 22), strides=(1, 2, 1, 2, 1), num_classes=7)":
+            TransferCNN(widths=(6, 10, 14, 18, 22), strides=(1, 2, 1, 2, 1), num_classes=7, seed=2),
+        "a TransferCNN built from plain nn.Conv2d / nn.BatchNorm2d in nn.Sequential blocks": _plain_model(4),
+    }
+
+
+def _expected_flags(model: nn.Module, mode: str) -> dict[str, bool]:
+    """Module by module: which of its own parameters ``mode`` trains."""
+    flags = {}
+    for path, module in model.named_modules():
+        in_classifier = path == "classifier" or path.startswith("classifier.")
+        is_bn = isinstance(module, nn.modules.batchnorm._BatchNorm)
+        for pname, _ in module.named_parameters(recurse=False):
+            flags[f"{path}.{pname}" if path else pname] = (
+                mode == "full" or in_classifier or (mode == "bn+last" and is_bn)
+                or (mode == "bias+last" and pname == "bias"))
+    return flags
+
+
+def _diff_message(model_name: str, mode: str, history: list[str], got: dict, want: dict) -> str:
+    wrongly_on = sorted(n for n in want if got[n][1] and not want[n])
+    wrongly_off = sorted(n for n in want if want[n] and not got[n][1])
+    parts = [f"set_trainable(model, {mode!r}) on {model_name}"
+             + (f" (after the modes {history})" if history else "")]
+    if wrongly_on:
+        parts.append(f"leaves trainable {', '.join(wrongly_on[:6])}{' ...' if len(wrongly_on) > 6 else ''}")
+    if wrongly_off:
+        parts.append(f"freezes {', '.join(wrongly_off[:6])}{' ...' if len(wrongly_off) > 6 else ''}")
+    hint = f"{mode} trains {RULES[mode]}."
+    if mode == "bn+last" and any(n.endswith(".bias") and not n.startswith("classifier") for n in wrongly_on):
+        hint += " A convolution bias is not a BatchNorm parameter."
+    if mode == "bn+last" and wrongly_off and "plain" in model_name:
+        hint += " Find BatchNorm layers by type (isinstance), not by attribute name."
+    if wrongly_on:
+        hint += " Every other parameter must get requires_grad=False, whatever it was before the call."
+    return "; ".join(parts) + ". " + hint
+
+
+@hidden_test("test_set_trainable")
+def check_set_trainable(nb):
+    sequence = ["bias+last", "full", "bn+last", "last", "bias+last", "full", "bn+last"]
+    for model_name, model in _models().items():
+        handle = nb.put(model)
+        for i, mode in enumerate(sequence):
+            count = fetch(nb.set_trainable(handle, mode))
+            got = fetch(nb.apply(probes.ch04_trainable, handle))
+            want = _expected_flags(model, mode)
+            check_equal(sorted(got), sorted(want), f"the parameter names after set_trainable on {model_name}",
+                        "set_trainable only changes requires_grad; it must not add or remove parameters")
+            if any(got[n][1] != want[n] for n in want):
+                raise AssertionError(_diff_message(model_name, mode, sequence[:i], got, want))
+            real = sum(numel for numel, trainable in got.values() if trainable)
+            if not isinstance(count, int) or isinstance(count, bool):
+                raise AssertionError(f"set_trainable(model, {mode!r}) returned a {type(count).__name__}; return "
+                                     f"the number of trainable parameters as an int ({real:,} here)")
+            check_equal(count, real, f"the count returned by set_trainable(model, {mode!r}) on {model_name}",
+                        "return the number of elements of the parameters that now require grad, counted on "
+                        "the model, not a number remembered for one architecture")
+    for bad in ("lora", "bias", "last+bn"):
+        err = fetch(nb.apply(probes.ch04_error, nb.set_trainable, TransferCNN(widths=(4,), strides=(1,)), bad))
+        if err is None or "ValueError" not in err["types"]:
+            what = "returned normally" if err is None else f"raised {err['types'][0]}"
+            raise AssertionError(f"set_trainable(model, {bad!r}) {what}: an unknown mode must raise ValueError")
+        missing = [m for m in MODES if m not in err["message"]]
+        if missing:
+            raise AssertionError(f"the ValueError for mode {bad!r} says {err['message']!r}: list the valid modes "
+                                 f"({', '.join(MODES)}); missing {', '.join(missing)}")
+
+
+# --- pack_bits / unpack_bits -----------------------------------------------------------------------
+SHAPES = [(1,), (7,), (8,), (9,), (61,), (1000,), (3, 5, 7), (2, 1, 4, 4), (37, 53)]
+
+
+def _mask(shape, seed: int, p: float = 0.5) -> torch.Tensor:
+    return torch.rand(shape, generator=torch.Generator().manual_seed(seed)) < p
+
+
+def _reference_pack(mask: torch.Tensor, bitorder: str = "little") -> torch.Tensor:
+    return torch.from_numpy(np.packbits(mask.reshape(-1).numpy().astype(np.uint8), bitorder=bitorder).copy())
+
+
+def _pack_cases():
+    for i, shape in enumerate(SHAPES):
+        yield f"a random mask of shape {shape}", _mask(shape, seed=100 + i)
+    yield "61 True values", torch.ones(61, dtype=torch.bool)
+    for j in (0, 7, 8):
+        one_hot = torch.zeros(9, dtype=torch.bool)
+        one_hot[j] = True
+        yield f"9 elements with only element {j} True", one_hot
+
+
+@hidden_test("test_pack_bits")
+def check_pack_bits(nb):
+    for where, mask in _pack_cases():
+        n = mask.numel()
+        got = fetch(nb.pack_bits(mask))
+        want = _reference_pack(mask)
+        if not isinstance(got, torch.Tensor) or got.dtype != torch.uint8:
+            raise AssertionError(f"pack_bits({where}) returned "
+                                 f"{getattr(got, 'dtype', type(got).__name__)}: return a torch.uint8 tensor")
+        if tuple(got.shape) != (math.ceil(n / 8),):
+            hint = TAIL_HINT if got.numel() == n // 8 else "return a flat tensor of ceil(n / 8) bytes"
+            raise AssertionError(f"pack_bits({where}) has shape {tuple(got.shape)}, expected "
+                                 f"({math.ceil(n / 8)},). {hint}")
+        if not torch.equal(got, want):
+            k = int((got != want).nonzero()[0])
+            used = (1 << (n % 8 or 8)) - 1  # the bits of the last byte that hold elements
+            tail_only = torch.equal(got[:-1], want[:-1]) and int(got[-1]) & used == int(want[-1])
+            hint = "the unused high bits of the last byte must be 0" if tail_only else BIT_ORDER_HINT
+            raise AssertionError(f"pack_bits({where}): byte {k} is {int(got[k])} (bits {int(got[k]):08b}), "
+                                 f"expected {int(want[k])} (bits {int(want[k]):08b}). {hint}")
+    for bad, what in ((torch.ones(12), "a float tensor"), (torch.ones(12, dtype=torch.uint8), "a uint8 tensor"),
+                      (torch.arange(12), "an int64 tensor")):
+        err = fetch(nb.apply(probes.ch04_error, nb.pack_bits, bad))
+        if err is None or "ValueError" not in err["types"]:
+            got = "returned normally" if err is None else f"raised {err['types'][0]}"
+            raise AssertionError(f"pack_bits on {what} {got}: only torch.bool masks are accepted, raise ValueError")
+
+
+def _with_garbage_tail(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """Set every unused bit of the last byte to 1."""
+    packed = packed.clone()
+    if n % 8:
+        packed[-1] |= 0xFF ^ ((1 << (n % 8)) - 1)
+    return packed
+
+
+@hidden_test("test_unpack_bits")
+def check_unpack_bits(nb):
+    cases = [(f"a random mask of {math.prod(s)} elements", _mask(s, seed=200 + i)) for i, s in enumerate(SHAPES)]
+    cases.append(("61 False values", torch.zeros(61, dtype=torch.bool)))
+    for where, mask in cases:
+        n = mask.numel()
+        packed = _with_garbage_tail(_reference_pack(mask), n)
+        got = fetch(nb.unpack_bits(packed, n))
+        want = mask.reshape(-1)
+        if not isinstance(got, torch.Tensor) or got.dtype != torch.bool:
+            raise AssertionError(f"unpack_bits for {where} returned "
+                                 f"{getattr(got, 'dtype', type(got).__name__)}: return a torch.bool tensor")
+        if tuple(got.shape) != (n,):
+            raise AssertionError(f"unpack_bits(packed, {n}) has shape {tuple(got.shape)}, expected ({n},): return "
+                                 "exactly numel elements (the tail bits of the last byte are not elements)")
+        if not torch.equal(got, want):
+            i = int((got != want).nonzero()[0])
+            reversed_order = torch.from_numpy(np.unpackbits(packed.numpy(), bitorder="big")[:n].astype(bool))
+            hint = BIT_ORDER_HINT if torch.equal(got, reversed_order) else (
+                "read element 8k + j from bit j of byte k, for every k")
+            raise AssertionError(f"unpack_bits for {where} (unused tail bits set to 1): element {i} is "
+                                 f"{bool(got[i])}, expected {bool(want[i])}. {hint}")
+
+
+# --- relu_1bit --------------------------------------------------------------------------------------
+def _relu_input(shape, dtype, seed: int) -> torch.Tensor:
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    flat = x.view(-1)
+    flat[::5] = 0.0  # torch.relu's gradient at exactly 0 is 0
+    flat[1::11] = -0.0
+    return x
+
+
+def _relu_reference(x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x.clone().requires_grad_(True)
+    y = torch.relu(x)
+    y.backward(g)
+    return y.detach(), x.grad
+
+
+@hidden_test("test_relu_1bit")
+def check_relu_1bit(nb):
+    cases = [((1,), torch.float32), ((7,), torch.float32), ((61,), torch.float64), ((1000,), torch.float32),
+             ((37, 53), torch.float32), ((2, 3, 5, 7), torch.float64), ((4, 16, 8, 8), torch.float32)]
+    for i, (shape, dtype) in enumerate(cases):
+        x = _relu_input(shape, dtype, seed=300 + i)
+        g = torch.randn(shape, generator=torch.Generator().manual_seed(400 + i), dtype=dtype)
+        n, where = x.numel(), f"relu_1bit on a {dtype} input of shape {shape}"
+        y_ref, dx_ref = _relu_reference(x, g)
+        got = fetch(nb.apply(probes.ch04_saved_run, nb.relu_1bit, x, g))
+        if got["y"] is None:
+            raise AssertionError(f"{where} did not return a tensor")
+        check_close(got["y"], y_ref, f"the output of {where}", "the forward value is torch.relu(x)", atol=0, rtol=0)
+        if not got["attached"]:
+            raise AssertionError(f"{where}: the output is not attached to the autograd graph; return "
+                                 "YourFunction.apply(x)")
+        if got["dx"] is None:
+            raise AssertionError(f"{where}: no gradient reached x; backward must return the input gradient")
+        zero_only = not bool(((got["dx"] != dx_ref) & (x != 0)).any())
+        check_close(got["dx"], dx_ref, f"the gradient of {where}",
+                    "torch.relu's gradient is grad * (x > 0): 0 where x == 0, so the mask is x > 0, not x >= 0"
+                    if zero_only else "the gradient is grad where x > 0 and 0 elsewhere", atol=0, rtol=0)
+        floating = [s for s in got["saved"] if s["floating"]]
+        if floating or got["activation_bytes"] != math.ceil(n / 8):
+            kept = ", ".join(f"{s['dtype']} {tuple(s['shape'])} ({s['nbytes']:,} B)" for s in got["saved"]) or "nothing"
+            extra = (" Nothing was saved with ctx.save_for_backward: keeping the mask (or x) as a ctx attribute "
+                     "hides it from autograd's saved-tensor hooks, and from this measurement."
+                     if not got["saved"] else "")
+            raise AssertionError(f"{where} saved {got['activation_bytes']:,} bytes for backward ({kept}); the "
+                                 f"packed mask of {n} elements is exactly {math.ceil(n / 8)} bytes, torch.relu keeps "
+                                 f"{n * x.element_size():,}. {BYTES_HINT}.{extra}")
+        again = fetch(nb.apply(probes.ch04_saved_run, nb.relu_1bit, x, g, overwrite=True))
+        check_close(again["dx"], dx_ref, f"the gradient of {where} when x and the output are overwritten between "
+                    "forward and backward", "backward must use only the packed mask saved for it, not x or the "
+                    "output kept some other way (a ctx attribute)", atol=0, rtol=0)
