@@ -1,0 +1,228 @@
+"""Hidden tests of chapter 5 (TinyTL).
+
+LiteResidual: output shapes (strides 1 and 2, odd sizes, pooling 1/2/4/8), exact zeros at init in both
+modes, a gradient reaching the zero-initialised γ, then, after giving every norm parameter random
+values, outputs and gradients against a float64 reference rebuilt here from the fetched parameters,
+in the layer order, norm (training-mode BatchNorm) and upsampling (bilinear) that the docstring
+specifies: a grader that holds the student to a written specification, rather than to properties
+any variant would pass, is the fairer one when the specification is in the exercise (and it is the
+only way to notice a skipped pooling or a nearest-neighbour upsampling). Memory: no tensor at the
+input's full resolution is kept.
+
+apply_tinytl: outputs unchanged at init (eval and train mode), the trainable set exactly the original
+biases + the lite residuals + the classifier, one LiteResidual per block fed with the block's input,
+the main branch keeping no fp32 ReLU output (bytes measured outside the lite residuals), and a few
+Adam steps that lower the loss and move every trainable parameter.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from coursekit.checks import check_close
+from coursekit.transfer import digits_tasks, load_pretrained_cnn
+from grader import probes
+from grader.api import fetch, hidden_test
+
+TOL = dict(atol=2e-4, rtol=2e-4)  # float32 student against a float64 reference, BatchNorm divides by std
+SPEC_HINT = ("build the branch in the docstring's order: avg_pool_lean(x, downsample) → conv (k×k, groups, "
+             "padding k // 2, no bias) → BatchNorm2d → ReLU → 1×1 conv (no bias) → BatchNorm2d → bilinear "
+             "upsampling (align_corners=False) to (ceil(H / stride), ceil(W / stride))")
+ZERO_HINT = ("the final BatchNorm's weight γ (and its bias) start at 0, so the branch adds exactly nothing "
+             "until training moves γ")
+
+
+def _randn(*shape, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+# --- LiteResidual -----------------------------------------------------------------------------------
+def _bn_train(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    mean = h.mean(dim=(0, 2, 3), keepdim=True)
+    var = ((h - mean) ** 2).mean(dim=(0, 2, 3), keepdim=True)  # biased, as BatchNorm normalises
+    return (h - mean) / torch.sqrt(var + eps) * weight[:, None, None] + bias[:, None, None]
+
+
+def _pool(x: torch.Tensor, d: int) -> torch.Tensor:
+    """Mean over each d×d window clipped to the input (loops: the naive definition)."""
+    B, C, H, W = x.shape
+    out = torch.empty(B, C, math.ceil(H / d), math.ceil(W / d), dtype=x.dtype)
+    rows = []
+    for i in range(out.shape[2]):
+        cols = [x[:, :, i * d:(i + 1) * d, j * d:(j + 1) * d].mean(dim=(2, 3)) for j in range(out.shape[3])]
+        rows.append(torch.stack(cols, dim=-1))
+    return torch.stack(rows, dim=-2)
+
+
+def _reference(x, p, stride, d, groups, k):
+    h = _pool(x, d)
+    h = F.conv2d(h, p["conv"], padding=k // 2, groups=groups)
+    h = torch.relu(_bn_train(h, p["norm_w"], p["norm_b"]))
+    h = _bn_train(F.conv2d(h, p["pointwise"]), p["final_w"], p["final_b"])
+    size = (math.ceil(x.shape[2] / stride), math.ceil(x.shape[3] / stride))
+    return F.interpolate(h, size=size, mode="bilinear", align_corners=False)
+
+
+ROLES = ("conv", "norm_w", "norm_b", "pointwise", "final_w", "final_b")
+
+
+def _roles(params: list[dict], cin: int, cout: int, groups: int, k: int) -> dict[str, str]:
+    expected = [[cout, cin // groups, k, k], [cout], [cout], [cout, cout, 1, 1], [cout], [cout]]
+    shapes = [p["shape"] for p in params]
+    if shapes != expected:
+        raise AssertionError(
+            f"LiteResidual({cin}, {cout}, groups={groups}, kernel_size={k}) has parameters of shapes {shapes}, "
+            f"expected {expected} (conv weight, norm weight and bias, pointwise weight, final norm weight and "
+            "bias, registered in this order; the convolutions have no bias)")
+    return {role: p["name"] for role, p in zip(ROLES, params)}
+
+
+def _lite(nb, cin, cout, stride, d, groups, k):
+    return nb.LiteResidual(cin, cout, stride, d, groups, k)
+
+
+def _check_shape_and_zero(nb, cin, cout, stride, d, groups, k, H, W, seed):
+    where = f"LiteResidual({cin}, {cout}, stride={stride}, downsample={d}, groups={groups}, kernel_size={k}) " \
+            f"on a (3, {cin}, {H}, {W}) input"
+    x = _randn(3, cin, H, W, seed=seed)
+    expected = (3, cout, math.ceil(H / stride), math.ceil(W / stride))
+    lite = _lite(nb, cin, cout, stride, d, groups, k)
+    shape = tuple(fetch(lite(x)).shape)
+    if shape != expected:
+        raise AssertionError(f"{where} returned shape {shape}, expected {expected}: the branch ends at "
+                             "the block's output size, (ceil(H / stride), ceil(W / stride)), whatever the pooling")
+    got = fetch(nb.apply(probes.ch05_lite_run, lite, x, torch.ones(expected)))
+    for mode in ("y", "y_eval"):
+        if not torch.equal(got[mode], torch.zeros(expected)):
+            raise AssertionError(f"{where}: at init the output is not exactly zero in "
+                                 f"{'train' if mode == 'y' else 'eval'} mode (max |y| = "
+                                 f"{got[mode].abs().max().item():.3g}). {ZERO_HINT}")
+    roles = _roles(got["params"], cin, cout, groups, k)
+    gamma = got["grads"].get(roles["final_w"])
+    if gamma is None or not gamma.abs().sum() > 0:
+        raise AssertionError(f"{where}: the final norm's weight γ received no gradient at init; it must be a "
+                             "trainable parameter that multiplies the normalised 1×1 output")
+    return roles, got
+
+
+def _check_reference(nb, cin, cout, stride, d, groups, k, H, W, seed):
+    roles, _ = _check_shape_and_zero(nb, cin, cout, stride, d, groups, k, H, W, seed)
+    lite = _lite(nb, cin, cout, stride, d, groups, k)
+    x = _randn(4, cin, H, W, seed=seed + 1)
+    g = _randn(4, cout, math.ceil(H / stride), math.ceil(W / stride), seed=seed + 2)
+    first = fetch(nb.apply(probes.ch05_lite_run, lite, x, g))
+    values = {roles[r]: _randn(cout, seed=seed + 3 + i) for i, r in enumerate(("norm_w", "norm_b", "final_w", "final_b"))}
+    got = fetch(nb.apply(probes.ch05_lite_run, lite, x, g, values))
+    p = {role: (values[name] if name in values else next(q["value"] for q in first["params"] if q["name"] == name))
+         .double().requires_grad_(True) for role, name in roles.items()}
+    xr = x.double().requires_grad_(True)
+    y = _reference(xr, p, stride, d, groups, k)
+    y.backward(g.double())
+    where = f"for LiteResidual({cin}, {cout}, stride={stride}, downsample={d}, groups={groups}, kernel_size={k}) " \
+            f"on a (4, {cin}, {H}, {W}) input, in train mode, with random norm parameters"
+    check_close(got["y"], y.detach().float(), f"the output {where}", SPEC_HINT, **TOL)
+    check_close(got["dx"], xr.grad.float(), f"the input gradient {where}", SPEC_HINT, **TOL)
+    for role, name in roles.items():
+        check_close(got["grads"][name], p[role].grad.float(), f"the gradient of {name} {where}", SPEC_HINT, **TOL)
+
+
+@hidden_test("test_LiteResidual")
+def check_lite_residual(nb):
+    for bad, what in (((8, 8, 1, 2, 3, 5), "groups=3 does not divide 8 channels"),
+                      ((6, 8, 1, 2, 4, 5), "groups=4 does not divide 6 input channels"),
+                      ((8, 8, 1, 0, 2, 5), "downsample=0"), ((8, 8, 0, 2, 2, 5), "stride=0"),
+                      ((8, 8, 1, 2, 2, 4), "an even kernel_size (no 'same' padding)")):
+        names = fetch(nb.apply(probes.raised, nb.LiteResidual, *bad))
+        if names is None or "ValueError" not in names:
+            got = "returned a module" if names is None else f"raised {names[0]}"
+            raise AssertionError(f"LiteResidual{bad} {got}: {what} should raise ValueError")
+    # Shapes and zeros: strides 1 and 2, odd sizes, pooling from none to coarser than the map.
+    for i, (cin, cout, stride, d, groups, k, H, W) in enumerate([
+            (6, 10, 1, 2, 2, 5, 7, 9), (6, 10, 2, 2, 2, 5, 7, 9), (4, 6, 1, 1, 2, 3, 7, 9), (4, 6, 2, 4, 1, 5, 7, 9),
+            (8, 8, 2, 4, 4, 3, 8, 8), (3, 6, 1, 8, 3, 5, 7, 9), (1, 5, 1, 2, 1, 5, 8, 8)]):
+        _check_shape_and_zero(nb, cin, cout, stride, d, groups, k, H, W, seed=10 + i)
+    # Values and gradients against the reference, after γ and the norms are moved away from init.
+    for i, (cin, cout, stride, d, groups, k, H, W) in enumerate([
+            (6, 10, 1, 2, 2, 5, 7, 9), (6, 4, 2, 2, 2, 3, 7, 9), (4, 6, 1, 4, 2, 5, 9, 7), (4, 6, 1, 1, 1, 3, 5, 6)]):
+        _check_reference(nb, cin, cout, stride, d, groups, k, H, W, seed=40 + 10 * i)
+    # Memory: everything the branch keeps lives at the pooled resolution.
+    B, C, H = 4, 16, 16
+    x, g = _randn(B, C, H, H, seed=90), _randn(B, C, H, H, seed=91)
+    got = fetch(nb.apply(probes.ch05_lite_run, _lite(nb, C, C, 1, 2, 2, 5), x, g))
+    pooled = B * C * (H // 2) ** 2 * 4
+    bound = 4 * pooled + 8 * 1024  # pooled input, norm input, ReLU output, final-norm input (+ statistics)
+    if got["activation_bytes"] > bound:
+        raise AssertionError(
+            f"LiteResidual(16, 16) on a (4, 16, 16, 16) input keeps {got['activation_bytes']:,} bytes for backward, "
+            f"more than its four tensors at the pooled 8×8 resolution (≤ {bound:,}): a tensor at the input's full "
+            "resolution is kept. nn.AvgPool2d / F.avg_pool2d keep their whole input; pool with avg_pool_lean")
+
+
+# --- apply_tinytl ---------------------------------------------------------------------------------
+def _target_batch(n: int, offset: int = 0):
+    _, target = digits_tasks()
+    return target.train.x[offset:offset + n], target.train.y[offset:offset + n]
+
+
+BLOCK_SHAPES = [([1, 8, 8], [32, 8, 8]), ([32, 8, 8], [64, 8, 8]), ([64, 8, 8], [64, 4, 4]), ([64, 4, 4], [128, 4, 4])]
+RELU_ELEMENTS = sum(math.prod(out) for _, out in BLOCK_SHAPES)  # per image, one ReLU output per block
+
+
+@hidden_test("test_apply_tinytl")
+def check_apply_tinytl(nb):
+    base = load_pretrained_cnn(seed=3)
+    x, y = _target_batch(24)
+    with torch.no_grad():
+        ref = base.eval()(x)
+    got = fetch(nb.apply(probes.ch05_tinytl_describe, nb.apply_tinytl, load_pretrained_cnn(seed=3), x))
+    if got["returned"] != "the same model":
+        raise AssertionError(f"apply_tinytl returned {got['returned']}: it changes the model in place and returns it")
+    check_close(got["y_eval"], ref, "the output at init (eval mode)",
+                "the lite residuals must add exact zeros at init, and nothing else may change", atol=1e-5, rtol=1e-5)
+    check_close(got["y_train"], ref, "the output at init (train mode)",
+                "in train mode too: the original BatchNorm weights are frozen (TransferCNN.train() then keeps them "
+                "on their running statistics) and the lite residuals add zeros", atol=1e-5, rtol=1e-5)
+    # The trainable set.
+    original = [p for p in got["params"] if p["original"] is not None]
+    new = [p for p in got["params"] if p["original"] is None]
+    wrong = [p["original"] for p in original
+             if p["requires_grad"] != (p["original"].endswith(".bias") or p["original"].startswith("classifier."))]
+    if wrong:
+        raise AssertionError(
+            f"original parameters with the wrong requires_grad: {wrong}. TinyTL trains the biases and the classifier "
+            "only: every original weight (conv and BatchNorm) is frozen, every bias trains")
+    outside = [p["name"] for p in new if not p["inside"]]
+    if outside:
+        raise AssertionError(f"new parameters outside any LiteResidual: {outside}")
+    frozen = [p["name"] for p in new if not p["requires_grad"]]
+    if frozen:
+        raise AssertionError(f"lite residual parameters that do not require grad: {frozen}")
+    calls = [[i[1:], o[1:]] for i, o in got["calls"]]
+    if calls != [[list(i), list(o)] for i, o in BLOCK_SHAPES]:
+        raise AssertionError(
+            f"the LiteResidual modules were called with (input, output) shapes {calls} (batch dimension left out), "
+            f"expected one per block, fed with the block's input: {[list(s) for s in BLOCK_SHAPES]}")
+    # Memory: outside the lite residuals, only 1-bit masks and small tensors remain.
+    tiny = nb.apply_tinytl(nb.put(load_pretrained_cnn(seed=3)))
+    saved = fetch(nb.apply(probes.ch05_saved_split, tiny, x, y))
+    masks = sum(-(-len(x) * math.prod(out) // 8) for _, out in BLOCK_SHAPES)
+    fp32_relu = len(x) * RELU_ELEMENTS * 4
+    bound = masks + len(x) * 128 * 4 + 8 * 1024  # masks + the classifier's input + per-channel scales, the loss
+    if saved["outside"]["bytes"] > bound:
+        big = sorted(saved["outside"]["tensors"], key=lambda t: -t[2])[:4]
+        raise AssertionError(
+            f"outside the lite residuals one training step keeps {saved['outside']['bytes']:,} bytes (largest: "
+            f"{big}); 1-bit ReLU masks take {masks:,} bytes, fp32 ReLU outputs {fp32_relu:,}. Replace each block's "
+            "ReLU by relu_1bit and keep every original weight frozen")
+    # It trains: the loss goes down and every trainable parameter moves.
+    xb, yb = _target_batch(48, offset=100)
+    run = fetch(nb.apply(probes.ch05_train_steps, nb.apply_tinytl(nb.put(load_pretrained_cnn(seed=4))), xb, yb, 6, 1e-2))
+    losses = run["losses"]
+    if len(losses) < 2 or not losses[-1] < losses[0] - 0.05:
+        raise AssertionError(f"six Adam steps (lr 1e-2) on one batch did not lower the loss: {losses}")
+    still = [n for n, moved in run["changed"].items() if not moved]
+    if still:
+        raise AssertionError(f"after six Adam steps these trainable parameters never changed: {still}. Do gradients "
+                             "reach the lite residuals and the biases (relu_1bit passes gradients where x > 0)?")

@@ -1,0 +1,264 @@
+"""Hidden tests of chapter 5 (TinyTL): independent correct implementations pass, plausible wrong ones fail.
+
+In-kernel through LocalNamespace; a few checks through the sandbox
+(``grader.sandbox.judge.run_checks``), as the autograder does.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grader.api import LocalNamespace, checks_for
+from grader.notebooks import exercise_sources, layout, read_source
+from grader.sandbox import judge
+from kernels.ch05_tinytl import ReLU1bit, relu_1bit
+from wrong_submissions_ch05_tinytl import WRONG
+
+CHAPTER = "ch05_tinytl"
+CHECKS = checks_for(CHAPTER)
+GRADE_IDS = ("test_LiteResidual", "test_apply_tinytl")
+
+
+# --- the setup cell's helpers, written another way -----------------------------------------------------
+def avg_pool_lean(x, factor):
+    """Same values as F.avg_pool2d(x, factor, ceil_mode=True), nothing kept: a custom Function."""
+    if factor == 1:
+        return x
+
+    class Pool(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            ctx.shape = t.shape
+            return F.avg_pool2d(t, factor, ceil_mode=True)
+
+        @staticmethod
+        def backward(ctx, g):
+            with torch.enable_grad():
+                z = torch.zeros(ctx.shape, dtype=g.dtype, requires_grad=True)
+                return torch.autograd.grad(F.avg_pool2d(z, factor, ceil_mode=True), z, g)[0]
+
+    return Pool.apply(x)
+
+
+class Beside(nn.Module):
+    def __init__(self, main, side):
+        super().__init__()
+        self.main, self.side = main, side
+
+    def forward(self, x):
+        return self.main(x) + self.side(x)
+
+
+# --- LiteResidual: a family, correct with the defaults ------------------------------------------------
+def make_lite(gamma=0.0, pool="lean", up="bilinear", stride_in_conv=False, check=True, norm="batch"):
+    class LiteResidual(nn.Module):
+        def __init__(self, in_channels, out_channels, stride=1, downsample=2, groups=2, kernel_size=5):
+            super().__init__()
+            if check and (min(in_channels, out_channels, stride, downsample, groups, kernel_size) < 1
+                          or kernel_size % 2 == 0 or in_channels % groups or out_channels % groups):
+                raise ValueError("bad LiteResidual arguments")
+            self.stride, self.downsample = stride, downsample
+            s = stride if stride_in_conv else 1
+            self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, s, kernel_size // 2, groups=groups, bias=False)
+            Norm = nn.BatchNorm2d if norm == "batch" else (lambda c: nn.GroupNorm(1, c))
+            self.norm = Norm(out_channels)
+            self.pointwise = nn.Conv2d(out_channels, out_channels, 1, bias=False)
+            self.final_norm = Norm(out_channels)
+            with torch.no_grad():
+                self.final_norm.weight.fill_(gamma)
+
+        def forward(self, x):
+            H, W = x.shape[-2:]
+            if pool == "lean":
+                r = avg_pool_lean(x, self.downsample)
+            elif pool == "torch":
+                r = F.avg_pool2d(x, self.downsample, ceil_mode=True)
+            else:  # floor: drops the last partial window
+                r = F.avg_pool2d(x, self.downsample)
+            r = self.final_norm(self.pointwise(torch.relu(self.norm(self.conv(r)))))
+            size = (H, W) if up == "input" else (math.ceil(H / self.stride), math.ceil(W / self.stride))
+            if up == "bilinear" or up == "input":
+                return F.interpolate(r, size=size, mode="bilinear", align_corners=False)
+            return F.interpolate(r, size=size, mode="nearest")
+
+    return LiteResidual
+
+
+class LiteResidual(nn.Module):
+    """Also correct: written differently ('same' padding, in-place ReLU, default bilinear options)."""
+
+    def __init__(self, in_channels, out_channels, stride=1, downsample=2, groups=2, kernel_size=5):
+        super().__init__()
+        if downsample < 1 or stride < 1 or kernel_size < 1 or kernel_size % 2 == 0 or groups < 1 \
+                or in_channels % groups or out_channels % groups:
+            raise ValueError(f"bad arguments {in_channels, out_channels, stride, downsample, groups, kernel_size}")
+        self.stride, self.downsample = stride, downsample
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding="same", groups=groups, bias=False)
+        self.norm = nn.BatchNorm2d(out_channels)
+        self.pointwise = nn.Conv2d(out_channels, out_channels, 1, bias=False)
+        self.final_norm = nn.BatchNorm2d(out_channels)
+        nn.init.constant_(self.final_norm.weight, 0.0)
+
+    def forward(self, x):
+        out = (-(-x.shape[2] // self.stride), -(-x.shape[3] // self.stride))
+        h = avg_pool_lean(x, self.downsample)
+        h = nn.functional.relu(self.norm(self.conv(h)), inplace=True)
+        return F.interpolate(self.final_norm(self.pointwise(h)), out, mode="bilinear")
+
+
+# --- apply_tinytl ------------------------------------------------------------------------------------
+def make_apply(lite_cls=None, freeze_weights=True, train_bias=True, one_bit=True, on_output=False, blocks=None,
+               detach=False):
+    def apply_tinytl(model):
+        Lite = lite_cls or make_lite()
+        for name, p in model.named_parameters():
+            keep = name.startswith("classifier.") or (train_bias and name.endswith(".bias"))
+            frozen = freeze_weights is True or (freeze_weights == "bn-only" and ".bn." in name)
+            p.requires_grad_(keep or not frozen)
+        for i, block in enumerate(model.blocks):
+            if blocks is not None and i not in blocks:
+                continue
+            c = block.conv
+            g = 2 if c.in_channels % 2 == 0 and c.out_channels % 2 == 0 else 1
+            if one_bit:
+                block.act = ReLU1bit()
+            if on_output:
+                lite = Lite(c.out_channels, c.out_channels, groups=g if c.out_channels % 2 == 0 else 1)
+                model.blocks[i] = nn.Sequential(block, Beside(nn.Identity(), lite))
+            else:
+                lite = Lite(c.in_channels, c.out_channels, stride=c.stride[0], groups=g)
+                if detach:
+                    lite.forward = (lambda f: lambda t: f(t).detach())(lite.forward)
+                model.blocks[i] = Beside(block, lite)
+        model.train(model.training)
+        return model
+
+    return apply_tinytl
+
+
+class ReLU1bitByHook(nn.Module):
+    """Also correct: relu_1bit called through a module written here."""
+
+    def forward(self, x):
+        return relu_1bit(x)
+
+
+def apply_tinytl_other(model):
+    """Also correct, written differently: freezes by module type, wraps each block's forward."""
+    for m in model.modules():
+        for pname, p in m.named_parameters(recurse=False):
+            p.requires_grad_(pname == "bias")
+    for p in model.classifier.parameters():
+        p.requires_grad_(True)
+    new = []
+    for block in model.blocks:
+        conv = block.conv
+        block.act = ReLU1bitByHook()
+        g = 1 if conv.in_channels % 2 else 2
+        new.append(Beside(block, LiteResidual(conv.in_channels, conv.out_channels, conv.stride[0], groups=g)))
+    model.blocks = nn.ModuleList(new)
+    model.train(model.training)
+    return model
+
+
+def namespace(**overrides) -> LocalNamespace:
+    lite = make_lite()
+    ns = {"LiteResidual": lite, "apply_tinytl": make_apply(lite), "avg_pool_lean": avg_pool_lean}
+    ns.update(overrides)
+    return LocalNamespace(ns)
+
+
+# --- tests -------------------------------------------------------------------------------------------
+def test_every_grade_id_has_a_check():
+    assert sorted(CHECKS) == sorted(GRADE_IDS)
+
+
+def test_correct_implementation_passes():
+    ns = namespace()
+    for grade_id in GRADE_IDS:
+        CHECKS[grade_id](ns)
+
+
+def test_other_correct_implementations_pass():
+    ns = namespace(LiteResidual=LiteResidual, apply_tinytl=apply_tinytl_other)
+    for grade_id in GRADE_IDS:
+        CHECKS[grade_id](ns)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (make_lite(gamma=1.0), "not exactly zero"),
+    (make_lite(up="input"), "returned shape"),
+    (make_lite(stride_in_conv=True, up="nearest"), "differs from the reference"),
+    (make_lite(up="nearest"), "differs from the reference"),
+    (make_lite(pool="floor"), "Output size is too small"),  # 7×9 pooled by 8 without ceil_mode: empty
+    (make_lite(norm="group"), "differs from the reference"),
+    (make_lite(pool="torch"), "full resolution"),
+    (make_lite(check=False), "should raise ValueError"),
+])
+def test_lite_residual_rejects(wrong, message):
+    with pytest.raises((AssertionError, RuntimeError), match=message):  # RuntimeError: the submission's own crash
+        CHECKS["test_LiteResidual"](namespace(LiteResidual=wrong))
+
+
+def zero_scale_as_buffer():
+    """A branch multiplied by a zero *buffer*: zero at init but γ can never learn."""
+    base = make_lite(gamma=1.0)
+
+    class LiteResidual(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.register_buffer("scale", torch.zeros(()))
+
+        def forward(self, x):
+            return super().forward(x) * self.scale
+
+    return LiteResidual
+
+
+def test_lite_residual_rejects_untrainable_zero():
+    with pytest.raises(AssertionError, match="received no gradient"):
+        CHECKS["test_LiteResidual"](namespace(LiteResidual=zero_scale_as_buffer()))
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (make_apply(freeze_weights=False), r"output at init \(train mode\)"),
+    (make_apply(freeze_weights="bn-only"), "every original weight"),
+    (make_apply(train_bias=False), "every bias trains"),
+    (make_apply(one_bit=False), "relu_1bit"),
+    (make_apply(make_lite(gamma=1.0)), "output at init"),
+    (make_apply(on_output=True), "fed with the block's input"),
+    (make_apply(blocks={0, 1}), "one per block"),
+    (make_apply(detach=True), "never changed"),
+])
+def test_apply_tinytl_rejects(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        CHECKS["test_apply_tinytl"](namespace(apply_tinytl=wrong))
+
+
+# --- the same checks through the sandbox, as at autograde ------------------------------------------
+LIMITS = judge.Limits(wall_seconds=120.0, memory_bytes=4 * 1024**3, output_bytes=64 * 1024)
+
+
+def _program(replace: dict[str, str] | None = None) -> list[str]:
+    nb = read_source(CHAPTER)
+    lay = layout(nb, CHAPTER)
+    sources = exercise_sources(nb, lay.exercises)
+    sources.update(replace or {})
+    return list(lay.setup) + [src for src in sources.values() if src is not None]
+
+
+def test_sandbox_reference_passes():
+    outcomes = judge.run_checks(CHAPTER, _program(), list(GRADE_IDS), LIMITS)
+    assert all(o.passed for o in outcomes.values()), {g: o.reason for g, o in outcomes.items()}
+
+
+@pytest.mark.parametrize("exercise", sorted(ex for _, ex in WRONG))
+def test_sandbox_wrong_submission_fails(exercise):
+    outcomes = judge.run_checks(CHAPTER, _program({exercise: WRONG[(CHAPTER, exercise)]}), list(GRADE_IDS), LIMITS)
+    grade_id = f"test_{exercise}"
+    assert not outcomes[grade_id].passed, f"the wrong {exercise} passed its hidden test"
+    assert outcomes[grade_id].reason
