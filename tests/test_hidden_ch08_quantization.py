@@ -14,10 +14,9 @@ import torch
 from torch import nn
 
 from grader.api import LocalNamespace, checks_for
-from grader.notebooks import exercise_sources, layout, read_source
-from grader.sandbox import judge
 
 from wrong_submissions_ch08_quantization import WRONG
+from sandbox_checks import sandbox_tests
 
 CHAPTER = "ch08_quantization"
 CHECKS = checks_for(CHAPTER)
@@ -315,25 +314,5 @@ def test_qlora_linear_rejects_a_fixed_block_size():
 
 
 # --- the same checks through the sandbox, as at autograde ------------------------------------------
-LIMITS = judge.Limits(wall_seconds=60.0, memory_bytes=3 * 1024**3, output_bytes=64 * 1024)
-
-
-def _program(replace: dict[str, str] | None = None) -> list[str]:
-    nb = read_source(CHAPTER)
-    lay = layout(nb, CHAPTER)
-    sources = exercise_sources(nb, lay.exercises)
-    sources.update(replace or {})
-    return list(lay.setup) + [src for src in sources.values() if src is not None]
-
-
-def test_sandbox_reference_passes():
-    outcomes = judge.run_checks(CHAPTER, _program(), GRADE_IDS, LIMITS)
-    assert all(o.passed for o in outcomes.values()), {g: o.reason for g, o in outcomes.items()}
-
-
-@pytest.mark.parametrize("grade_id", GRADE_IDS)
-def test_sandbox_wrong_submission_fails(grade_id):
-    exercise = EXERCISES[grade_id]
-    outcomes = judge.run_checks(CHAPTER, _program({exercise: WRONG[(CHAPTER, exercise)]}), [grade_id], LIMITS)
-    assert not outcomes[grade_id].passed, f"the wrong {exercise} passed its hidden test"
-    assert outcomes[grade_id].reason
+test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(
+    CHAPTER, WRONG, {exercise: grade_id for grade_id, exercise in EXERCISES.items()})

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from grader.api import LocalNamespace, checks_for
-from grader.notebooks import exercise_sources, layout, read_source
-from grader.sandbox import judge
 
 from wrong_submissions_ch09_mixed_precision import WRONG
+from sandbox_checks import sandbox_tests
 
 CHAPTER = "ch09_mixed_precision"
 CHECKS = checks_for(CHAPTER)
@@ -202,25 +201,4 @@ def test_mixed_precision_step_rejects_half_model():
 
 
 # --- the same checks through the sandbox, as at autograde ------------------------------------------
-LIMITS = judge.Limits(wall_seconds=60.0, memory_bytes=3 * 1024**3, output_bytes=64 * 1024)
-
-
-def _program(replace: dict[str, str] | None = None) -> list[str]:
-    nb = read_source(CHAPTER)
-    lay = layout(nb, CHAPTER)
-    sources = exercise_sources(nb, lay.exercises)
-    sources.update(replace or {})
-    return list(lay.setup) + [src for src in sources.values() if src is not None]
-
-
-def test_sandbox_reference_passes():
-    outcomes = judge.run_checks(CHAPTER, _program(), GRADE_IDS, LIMITS)
-    assert all(o.passed for o in outcomes.values()), {g: o.reason for g, o in outcomes.items()}
-
-
-@pytest.mark.parametrize("exercise", sorted(ex for _, ex in WRONG))
-def test_sandbox_wrong_submission_fails(exercise):
-    outcomes = judge.run_checks(CHAPTER, _program({exercise: WRONG[(CHAPTER, exercise)]}), GRADE_IDS, LIMITS)
-    grade_id = f"test_{exercise}"
-    assert not outcomes[grade_id].passed, f"the wrong {exercise} passed its hidden test"
-    assert outcomes[grade_id].reason
+test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(CHAPTER, WRONG)

@@ -13,6 +13,8 @@ import kernels  # noqa: F401 - before triton
 import triton
 import triton.language as tl
 from grader.api import LocalNamespace, checks_for
+from sandbox_checks import sandbox_tests
+from wrong_submissions_ch10_flash_attention import WRONG
 
 CHAPTER = "ch10_flash_attention"
 CHECKS = checks_for(CHAPTER)
@@ -299,31 +301,5 @@ def test_triton_rejects(wrong, message):
         CHECKS["test_flash_attention_triton"](namespace(flash_attention_triton=wrong))
 
 
-# --- through the sandbox --------------------------------------------------------------------------
-def _program(**cells):
-    import nbformat
-
-    from conftest import ROOT
-    from grader.notebooks import exercise_sources, layout, read_source
-
-    lay = layout(nbformat.read(ROOT / "course" / f"{CHAPTER}.ipynb", as_version=4), CHAPTER)
-    sources = exercise_sources(read_source(CHAPTER), lay.exercises)
-    sources.update(cells)
-    return list(lay.setup) + list(sources.values())
-
-
-def test_sandbox_reference_passes():
-    from grader.sandbox.judge import run_checks
-
-    outcomes = run_checks(CHAPTER, _program(), list(GRADE_IDS))
-    assert all(o.passed for o in outcomes.values()), {g: o.reason for g, o in outcomes.items()}
-
-
-def test_sandbox_rejects_wrong_answers():
-    from grader.sandbox.judge import run_checks
-    from wrong_submissions_ch10_flash_attention import WRONG
-
-    for (_, exercise), source in WRONG.items():
-        grade_id = "test_" + exercise
-        outcome = run_checks(CHAPTER, _program(**{exercise: source}), [grade_id])[grade_id]
-        assert not outcome.passed, f"the wrong {exercise} passed in the sandbox"
+# --- the same checks through the sandbox, as at autograde ------------------------------------------
+test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(CHAPTER, WRONG)
