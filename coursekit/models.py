@@ -112,13 +112,17 @@ class SmallCNN(nn.Module):
         c_in = 1
         with _seeded(seed):
             for i, (c_out, s) in enumerate(zip(widths, strides)):
-                # The stem (1 input channel) is a full conv in both variants: a depthwise conv
-                # over a single channel would be a 3×3 filter and nothing else.
-                make = ds_conv_bn_relu if (self.separable and i > 0) else conv_bn_relu
-                blocks.append(make(c_in, c_out, s))
+                blocks.append(self.make_block(i, c_in, c_out, s))
                 c_in = c_out
             self.blocks = nn.ModuleList(blocks)
             self.classifier = nn.Linear(c_in, num_classes)
+
+    def make_block(self, index: int, c_in: int, c_out: int, stride: int) -> nn.Module:
+        """Block ``index``: (B, c_in, H, W) → (B, c_out, H/stride, W/stride). Subclasses override it."""
+        # The stem (1 input channel) is a full conv in both variants: a depthwise conv over a
+        # single channel would be a 3×3 filter and nothing else.
+        make = ds_conv_bn_relu if (self.separable and index > 0) else conv_bn_relu
+        return make(c_in, c_out, stride)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 1, 8, 8) → (B, num_classes)
         for block in self.blocks:

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coursekit.models import _check_widths, _seeded
+from coursekit.models import SmallCNN, _seeded
 
 CHECKPOINT = Path(__file__).resolve().parents[1] / "data" / "checkpoints" / "transfer_cnn_digits.pt"
 
@@ -150,8 +150,8 @@ class ConvBlock(nn.Sequential):
         self.act = nn.ReLU()
 
 
-class TransferCNN(nn.Module):
-    """Conv blocks for 8×8 digits: (B, 1, 8, 8) → logits (B, num_classes).
+class TransferCNN(SmallCNN):
+    """:class:`~coursekit.models.SmallCNN` built from :class:`ConvBlock`: (B, 1, 8, 8) → (B, num_classes).
 
     Args:
         widths: output channels of each block.
@@ -162,23 +162,10 @@ class TransferCNN(nn.Module):
 
     def __init__(self, widths: Sequence[int] = (32, 64, 64, 128), strides: Sequence[int] = (1, 1, 2, 1),
                  num_classes: int = 5, seed: int = 0):
-        super().__init__()
-        widths = _check_widths("widths", widths, 1)
-        strides = _check_widths("strides", strides, 1)
-        if len(widths) != len(strides):
-            raise ValueError(f"widths and strides must have the same length, got {len(widths)} and {len(strides)}")
-        with _seeded(seed):
-            c_in, blocks = 1, []
-            for c_out, s in zip(widths, strides):
-                blocks.append(ConvBlock(c_in, c_out, s))
-                c_in = c_out
-            self.blocks = nn.ModuleList(blocks)
-            self.classifier = nn.Linear(c_in, num_classes)
+        super().__init__(widths, strides, num_classes, seed)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 1, 8, 8) → (B, num_classes)
-        for block in self.blocks:
-            x = block(x)
-        return self.classifier(x.mean(dim=(2, 3)))
+    def make_block(self, index: int, c_in: int, c_out: int, stride: int) -> nn.Module:
+        return ConvBlock(c_in, c_out, stride)
 
     def train(self, mode: bool = True) -> "TransferCNN":
         """Train mode, except that a BatchNorm whose weight is frozen keeps its running statistics."""
