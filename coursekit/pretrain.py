@@ -57,20 +57,20 @@ def pretrain(name: str, cfg: PretrainConfig | None = None) -> tuple[TinyGPT, flo
     return model, accuracy(model, held_out.x, held_out.y)
 
 
-CNN = "transfer_cnn_digits"
+CNN = "transfer_cnn_digits"  # the TransferCNN of ch04/ch05 (coursekit.transfer), about 10 s
+CNN_MIN_ACCURACY = 0.98
 
 
-def _write_cnn() -> None:
-    """The TransferCNN of ch04/ch05, pretrained on the source digits (about 10 s)."""
-    from coursekit.transfer import CHECKPOINT, pretrain_cnn
-
-    model, acc = pretrain_cnn()
-    if acc < 0.98:
-        raise RuntimeError(f"{CNN}: source accuracy {acc:.4f} is below 0.98; not overwriting the checkpoint")
-    CHECKPOINT.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(model.state_dict(), CHECKPOINT)
-    print(f"wrote {CHECKPOINT} ({CHECKPOINT.stat().st_size / 1024:.0f} KiB, "
-          f"{sum(p.numel() for p in model.parameters()):,} parameters, source-task accuracy {acc:.4f})")
+def _save(name: str, model: torch.nn.Module, acc: float, min_accuracy: float, path: Path) -> None:
+    """Write ``model``'s weights to ``path`` unless its source accuracy fell short."""
+    if acc < min_accuracy:
+        raise RuntimeError(f"{name}: source accuracy {acc:.4f} is below the expected {min_accuracy}; "
+                           "not overwriting the checkpoint")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), path)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB, {n_params:,} parameters, "
+          f"source-task accuracy {acc:.4f})")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -81,19 +81,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     for name in args.names:
         if name == CNN:
-            _write_cnn()
-            continue
-        spec = PRETRAINED[name]
-        model, acc = pretrain(name)
-        if acc < spec.min_accuracy:
-            raise RuntimeError(f"{name}: source accuracy {acc:.4f} is below the expected {spec.min_accuracy}; "
-                               "not overwriting the checkpoint")
-        path: Path = checkpoint_path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(model.state_dict(), path)
-        n_params = sum(p.numel() for p in model.parameters())
-        print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB, {n_params:,} parameters, "
-              f"source-task accuracy {acc:.4f})")
+            from coursekit.transfer import CHECKPOINT, pretrain_cnn
+
+            model, acc = pretrain_cnn()
+            _save(name, model, acc, CNN_MIN_ACCURACY, CHECKPOINT)
+        else:
+            model, acc = pretrain(name)
+            _save(name, model, acc, PRETRAINED[name].min_accuracy, checkpoint_path(name))
 
 
 if __name__ == "__main__":
