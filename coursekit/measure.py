@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Hashable, Iterable
 
 import torch
 from torch import nn
@@ -49,6 +49,7 @@ class SavedTensor:
     dtype: torch.dtype
     nbytes: int  # bytes of the whole underlying storage
     is_state: bool  # a parameter or buffer (model state, not an activation)
+    label: Hashable = None  # what ``saved_tensors(label=...)`` returned when the storage was first saved
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,14 @@ class saved_tensors:
     >>> with saved_tensors(model) as rec:
     ...     loss = model(x).sum()
     >>> rec.activation_bytes
+
+    ``label``, if given, is called each time a new storage is saved; its result is kept as that
+    storage's :attr:`SavedTensor.label` (e.g. which layer is running), to break the bytes down.
     """
 
-    def __init__(self, *state: nn.Module | torch.Tensor):
+    def __init__(self, *state: nn.Module | torch.Tensor, label: Callable[[], Hashable] | None = None):
         self._state = state
+        self._label = label
         self._seen: dict[tuple, SavedTensor] = {}
         self._hooks = _saved_tensors_hooks(self._pack, lambda t: t)
 
@@ -97,7 +102,8 @@ class saved_tensors:
         if key not in self._seen:
             # Linear saves W.t(), a view: its base is the Parameter.
             is_state = isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or key in self._state_keys
-            self._seen[key] = SavedTensor(tuple(t.shape), t.dtype, key[3], is_state)
+            label = None if self._label is None else self._label()
+            self._seen[key] = SavedTensor(tuple(t.shape), t.dtype, key[3], is_state, label)
         return t
 
     def __enter__(self) -> "saved_tensors":

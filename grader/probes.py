@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from coursekit.measure import flop_counter, measure
+from coursekit.measure import flop_counter, measure, saved_tensors
 
 
 def type_names(obj) -> list[str]:
@@ -71,8 +71,6 @@ def ch02_run_and_trace(fn: Callable, module: nn.Module, x: torch.Tensor, grad_ou
     The global RNG is seeded with ``seed`` just before the call. Tensors in ``extra`` keep their
     ``requires_grad``; their gradients come back under "extra_grads".
     """
-    from coursekit.measure import saved_tensors
-
     x = x.detach().clone().requires_grad_(x_requires_grad)
     extra = tuple(e.detach().clone().requires_grad_(e.requires_grad) if isinstance(e, torch.Tensor) else e
                   for e in extra)
@@ -157,8 +155,6 @@ def ch04_saved_run(fn: Callable, x: torch.Tensor, grad_out: torch.Tensor, overwr
 
     Reports the output (before any overwrite), whether it is attached to the graph, the input
     gradient, the activation bytes and, for each saved storage, its shape, dtype and bytes."""
-    from coursekit.measure import saved_tensors
-
     x = x.detach().clone().requires_grad_(True)
     with saved_tensors() as rec:
         y = fn(x)
@@ -187,8 +183,6 @@ def ch05_lite_run(module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, va
     overwriting the parameters named in ``values`` (in place, no grad), the output, the input and
     parameter gradients and the activation bytes saved for backward; finally the eval-mode output.
     """
-    from coursekit.measure import saved_tensors
-
     params = [{"name": n, "shape": list(p.shape), "requires_grad": bool(p.requires_grad), "value": p.detach().clone()}
               for n, p in module.named_parameters()]
     named = dict(module.named_parameters())
@@ -247,9 +241,7 @@ def ch05_saved_split(model: nn.Module, x: torch.Tensor, y: torch.Tensor, class_n
     """Storages saved for backward by one train-mode cross-entropy step of ``model`` (parameters and
     buffers excluded), split by where they were first saved: inside a module whose class is named
     ``class_name`` or outside. Each side: total bytes and [shape, dtype, bytes] per storage."""
-    from coursekit.measure import _state_keys, _storage_key
-
-    state, seen, depth = _state_keys([model]), {}, [0]
+    depth = [0]
 
     def enter(*_):
         depth[0] += 1
@@ -257,26 +249,21 @@ def ch05_saved_split(model: nn.Module, x: torch.Tensor, y: torch.Tensor, class_n
     def leave(*_):
         depth[0] -= 1
 
-    def pack(t):
-        key = _storage_key(t)
-        if key not in seen and not (isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or key in state):
-            seen[key] = ("inside" if depth[0] else "outside", [list(t.shape), str(t.dtype), key[3]])
-        return t
-
     hooks = [h for m in _ch05_named(model, class_name)
              for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
     model.train()
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saved_tensors(model, label=lambda: "inside" if depth[0] else "outside") as rec:
             loss = nn.functional.cross_entropy(model(x), y)
     finally:
         for h in hooks:
             h.remove()
     loss.backward()
     out = {side: {"bytes": 0, "tensors": []} for side in ("inside", "outside")}
-    for side, info in seen.values():
-        out[side]["bytes"] += info[2]
-        out[side]["tensors"].append(info)
+    for t in rec.tensors:
+        if not t.is_state:
+            out[t.label]["bytes"] += t.nbytes
+            out[t.label]["tensors"].append([list(t.shape), str(t.dtype), t.nbytes])
     return out
 
 
@@ -509,8 +496,6 @@ def ch10_autograd_run(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.T
     recording what autograd saves, then back-propagate ``grad_out``. Reports the output, the three
     input gradients, whether the output is attached, the activation bytes saved during the forward
     call and the shape, dtype and bytes of each saved storage."""
-    from coursekit.measure import saved_tensors
-
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     with saved_tensors() as rec:
         o = fn(q, k, v, *extra)

@@ -111,6 +111,29 @@ def test_saved_tensors_context_manager(model, data):
     assert rec.activation_bytes == 352 and rec.saved_bytes == 472
 
 
+def test_labels_break_the_saved_bytes_down_by_layer(model, data):
+    x, target = data
+    layer = ["loss"]
+    hooks = [m.register_forward_pre_hook(lambda m, _, name=name: layer.__setitem__(0, name))
+             for name, m in model.named_children()]
+    hooks.append(model.register_forward_hook(lambda *_: layer.__setitem__(0, "loss")))
+    with saved_tensors(model, label=lambda: layer[0]) as rec:
+        F.mse_loss(model(x), target)
+    for h in hooks:
+        h.remove()
+    by_layer = {}
+    for t in rec.tensors:
+        if not t.is_state:
+            by_layer[t.label] = by_layer.get(t.label, 0) + t.nbytes
+    # the first Linear keeps x for ∂W; the ReLU's output (B × HID) is first saved by the ReLU, then
+    # reused by the second Linear (counted once, under the ReLU); the loss keeps the rest
+    assert by_layer == {"0": B * IN * 4, "1": B * HID * 4, "loss": 352 - B * IN * 4 - B * HID * 4}
+    assert sum(by_layer.values()) == rec.activation_bytes
+    with saved_tensors(model) as plain:
+        F.mse_loss(model(x), target)
+    assert {t.label for t in plain.tensors} == {None}
+
+
 def test_bad_step_errors(model, data):
     x, _ = data
     with pytest.raises(TypeError, match="callable"):
