@@ -15,6 +15,7 @@ The MLP below is Linear(6, 10) → ReLU → Linear(10, 3) on a batch of B = 4, f
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -226,3 +227,129 @@ def test_flops_of_a_backward_that_calls_autograd_grad():
     assert m.forward_flops == 2 * linear
     assert m.backward_flops == 2 * linear + 2 * (2 * linear)  # recompute + dW and dx of both layers
     assert m.activation_bytes == 4 * 4 * 8  # only x
+
+
+# --- resident and peak bytes: graphs freed before the step ends ------------------------------------
+def test_resident_and_peak_follow_graphs_freed_mid_step(model):
+    """A local-loss style step: the first graph (batch 8) is back-propagated inside the step."""
+    g = torch.Generator().manual_seed(1)
+    x8, t8 = torch.randn(8, IN, generator=g), torch.randn(8, OUT, generator=g)
+    x4, t4 = torch.randn(B, IN, generator=g), torch.randn(B, OUT, generator=g)
+
+    def step():
+        F.mse_loss(model(x8), t8).backward()  # frees its 704 bytes before the step returns
+        return F.mse_loss(model(x4), t4)
+
+    m = measure(step, model)
+    assert m.activation_bytes == 2 * 352 + 352 == 1056  # packed ever: both graphs
+    assert m.resident_activation_bytes == 352  # only the returned loss's graph is left
+    assert m.peak_activation_bytes == 704  # the batch-8 graph, alone
+
+
+def test_a_storage_freed_and_its_address_reused_counts_again(model, data):
+    x, target = data
+
+    def step():
+        F.mse_loss(model(x), target).backward()
+        return F.mse_loss(model(x), target)  # new ReLU output and prediction, maybe at freed addresses
+
+    m = measure(step, model)
+    # x and the target live throughout: once; ReLU output (160) and prediction (48) twice
+    assert m.activation_bytes == 96 + 48 + 2 * (160 + 48) == 560
+    assert m.resident_activation_bytes == m.peak_activation_bytes == 352
+
+
+def test_detached_subgraph_is_freed_at_once(model, data):
+    x, target = data
+
+    def step():
+        model(x).detach()  # nothing reaches this graph afterwards: x (96) and the ReLU output (160) go
+        return F.mse_loss(model(x), target)
+
+    m = measure(step, model)
+    assert m.activation_bytes == 96 + 160 + 160 + 48 + 48 == 512
+    assert m.resident_activation_bytes == m.peak_activation_bytes == 352
+
+
+def test_plain_backprop_resident_equals_peak_equals_packed(model, data):
+    x, target = data
+    m = measure(lambda: F.mse_loss(model(x), target), model)
+    assert m.activation_bytes == m.resident_activation_bytes == m.peak_activation_bytes == 352
+
+
+def test_resident_bytes_return_to_zero(model, data):
+    x, target = data
+    with saved_tensors(model) as rec:
+        loss = F.mse_loss(model(x), target)
+    assert rec.resident_activation_bytes == 352
+    loss.backward()
+    assert rec.resident_activation_bytes == 0 and rec.peak_activation_bytes == 352
+    with saved_tensors(model) as rec:
+        loss = F.mse_loss(model(x), target)
+    del loss  # dropped without backward: the graph goes, and with it the saved tensors
+    assert rec.resident_activation_bytes == 0
+
+
+def test_gradients_are_bit_identical_under_measure(model, data):
+    x, target = data
+    ref = mlp([IN, HID, OUT], seed=0)
+    F.mse_loss(ref(x), target).backward()
+    measure(lambda: F.mse_loss(model(x), target), model)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(p.grad, q.grad)
+
+
+# --- the caller's own saved-tensor hooks --------------------------------------------------------
+def _grads_with_hooks(pack, unpack, x, target):
+    net = mlp([IN, HID, OUT], seed=0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        loss = F.mse_loss(net(x), target)
+    loss.backward()
+    return [p.grad for p in net.parameters()]
+
+
+def test_half_precision_pack_counts_what_pack_returned(model, data):
+    x, target = data
+    calls = []
+
+    def pack(t):
+        calls.append(tuple(t.shape))
+        return t.half()
+
+    def unpack(h):
+        return h.float()
+
+    m = measure(lambda: F.mse_loss(model(x), target), model, pack=pack, unpack=unpack)
+    # every save is a new half copy: the ReLU output, saved by ReLU and by Linear 2, twice
+    assert m.activation_bytes == 2 * (B * IN + 2 * B * HID + B * OUT + B * OUT) == 256
+    assert m.saved_bytes == 256 + 2 * HID * OUT  # W2ᵀ's half copy is still model state
+    assert m.peak_activation_bytes == m.resident_activation_bytes == 256
+    assert len(calls) == 6  # the pack hook really ran (inner hooks would have hidden it)
+    for got, want in zip([p.grad for p in model.parameters()], _grads_with_hooks(pack, unpack, x, target)):
+        assert torch.equal(got, want)  # the same computation as the hooks alone, bit for bit
+
+
+def test_pack_returning_structures_with_bits_and_duplicates():
+    """pack returns dicts/tuples; a sign mask packed 8 per byte; the same storage twice counts once."""
+    x = torch.randn(4, 16, requires_grad=True)  # a leaf input: relu saves its (4, 16) output
+
+    def pack(t):
+        if t.dtype == torch.float32 and t.shape == (4, 16):
+            bits = torch.tensor(np.packbits((t > 0).numpy(), axis=-1))  # (4, 2) uint8
+            return {"bits": bits, "meta": ("relu", t.shape), "again": bits}
+        return (t, t)  # identity, the same storage twice
+
+    def unpack(p):
+        if isinstance(p, dict):
+            return torch.tensor(np.unpackbits(p["bits"].numpy(), axis=-1)).float()  # 0/1: enough for ReLU'
+        return p[0]
+
+    m = measure(lambda: torch.relu(x).sum(), pack=pack, unpack=unpack)
+    assert m.activation_bytes == m.peak_activation_bytes == 4 * 2  # 8 bytes of bits instead of 256
+    assert torch.equal(x.grad, (x > 0).float())
+
+
+def test_pack_without_unpack_is_refused(model, data):
+    x, target = data
+    with pytest.raises(ValueError, match="together"):
+        measure(lambda: F.mse_loss(model(x), target), model, pack=lambda t: t)
