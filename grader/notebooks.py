@@ -89,21 +89,31 @@ class Layout:
     setup: tuple[str, ...]  # sources of setup cells, in order
     exercises: tuple[str, ...]  # exercise grade_ids, in order
     tests: tuple[tuple[str, float], ...]  # (test grade_id, points), in order
+    # (exercise, its test grade_ids): the graded test cells after an exercise cell, up to the next one
+    exercise_tests: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def tests_of(self, exercise: str) -> tuple[str, ...]:
+        """The graded test cells that belong to ``exercise`` (they follow its cell in the release)."""
+        return dict(self.exercise_tests).get(exercise, ())
 
 
 def layout(nb: nbformat.NotebookNode, chapter: str) -> Layout:
-    setup, exercises, tests = [], [], []
+    setup, exercises, tests, owned = [], [], [], {}
     for cell in nb.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
         if cell.cell_type != "code":
             continue
         if meta.get("solution"):
             exercises.append(meta["grade_id"])
+            owned[meta["grade_id"]] = []
         elif meta.get("grade"):
             tests.append((meta["grade_id"], float(meta["points"])))
+            if exercises:
+                owned[exercises[-1]].append(meta["grade_id"])
         elif "setup" in cell.metadata.get("tags", []):
             setup.append(cell.source)
-    return Layout(chapter, tuple(setup), tuple(exercises), tuple(tests))
+    return Layout(chapter, tuple(setup), tuple(exercises), tuple(tests),
+                  tuple((ex, tuple(gids)) for ex, gids in owned.items()))
 
 
 def defines(source: str, name: str) -> bool:

@@ -96,4 +96,19 @@ def test_layout_reads_roles():
              nbformat.v4.new_code_cell("x = 1"),
              nbformat.v4.new_code_cell("def f(): ...", metadata={"nbgrader": {"grade_id": "f", "solution": True}}),
              nbformat.v4.new_code_cell("assert f", metadata={"nbgrader": {"grade_id": "test_f", "grade": True, "points": 2}})]
-    assert layout(_nb(cells), "chX") == Layout("chX", ("import torch",), ("f",), (("test_f", 2.0),))
+    lay = layout(_nb(cells), "chX")
+    assert lay == Layout("chX", ("import torch",), ("f",), (("test_f", 2.0),), (("f", ("test_f",)),))
+    assert lay.tests_of("f") == ("test_f",) and lay.tests_of("g") == ()
+
+
+def test_layout_pairs_each_exercise_with_the_test_cells_after_it():
+    def ex(name):
+        return nbformat.v4.new_code_cell("", metadata={"nbgrader": {"grade_id": name, "solution": True}})
+
+    def test(name):
+        return nbformat.v4.new_code_cell("", metadata={"nbgrader": {"grade_id": name, "grade": True, "points": 1}})
+
+    cells = [test("t0"), ex("a"), test("t1"), nbformat.v4.new_code_cell("x = 1"), test("t2"), ex("b"), ex("c"),
+             test("t3")]
+    lay = layout(_nb(cells), "chX")
+    assert lay.exercise_tests == (("a", ("t1", "t2")), ("b", ()), ("c", ("t3",)))

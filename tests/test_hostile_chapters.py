@@ -1,0 +1,104 @@
+"""Chapter-level hostile submissions, graded end to end in one `python -m grader autograde` batch.
+
+Each case of ``tests/hostile_chapters/`` (format in its README) replaces one exercise cell of a
+chapter's reference submission with wrong or forbidden code dressed up to score. One batch
+grades every case, one student each, next to the honest reference submission of every chapter
+involved. A case expecting ``"breach"`` must score 0 on every graded test cell of its exercise
+with a reason naming the construct; a case expecting ``"loses"`` must leave the chapter below
+full marks. The honest submissions keep full marks.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import re
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from grader.autograde import release_layout
+from grader.notebooks import chapters
+from submissions import reference, with_exercise, write
+
+HERE = Path(__file__).with_name("hostile_chapters")
+CASES = sorted(p.stem for p in HERE.glob("*.py"))
+THREATS = {"dispatch", "frames", "raw_memory", "process_start", "spec_gap", "answer_import",
+           "saved_hooks", "recorder", "lying_object", "harm_others"}
+FIELDS = {"CHAPTER", "EXERCISE", "SOURCE", "THREAT", "EXPECT", "CONSTRUCT", "DESCRIPTION"}
+HONEST = "honest"
+
+
+def load(name: str) -> dict:
+    values = runpy.run_path(str(HERE / f"{name}.py"))
+    return {k: v for k, v in values.items() if k in FIELDS}
+
+
+def student(name: str) -> str:
+    return "case-" + name.replace("_", "-")
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_case_is_well_formed(name):
+    case = load(name)
+    assert {"CHAPTER", "EXERCISE", "SOURCE", "THREAT", "EXPECT"} <= case.keys(), f"{name}: missing fields"
+    assert case["CHAPTER"] in chapters(), f"{name}: unknown chapter {case['CHAPTER']}"
+    assert case["EXERCISE"] in release_layout(case["CHAPTER"]).exercises, f"{name}: unknown exercise"
+    assert case["THREAT"] in THREATS, f"{name}: THREAT must be one of {sorted(THREATS)}"
+    assert case["EXPECT"] in ("breach", "loses"), f"{name}: EXPECT is 'breach' or 'loses'"
+    if case["EXPECT"] == "breach":
+        assert case.get("CONSTRUCT"), f"{name}: a 'breach' case names the construct (CONSTRUCT)"
+
+
+def _reasons(feedback: Path) -> dict[str, str]:
+    """grade_id -> reason, read back from a feedback page."""
+    text = feedback.read_text(encoding="utf-8")
+    found = re.findall(r"<h3><code>([^<]*)</code></h3><div class='reason'>(.*?)</div>", text, re.S)
+    return {html.unescape(gid): html.unescape(reason) for gid, reason in found}
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("hostile-chapters")
+class TestBatch:
+    @pytest.fixture(scope="class")
+    def batch(self, tmp_path_factory):
+        tmp = tmp_path_factory.mktemp("hostile-chapters")
+        sub, out = tmp / "submitted", tmp / "out"
+        cases = {name: load(name) for name in CASES}
+        for chapter in sorted({c["CHAPTER"] for c in cases.values()}):
+            write(sub, HONEST, chapter, reference(chapter))
+        for name, case in cases.items():
+            nb = with_exercise(case["CHAPTER"], case["EXERCISE"], case["SOURCE"])
+            write(sub, student(name), case["CHAPTER"], nb)
+        proc = subprocess.run([sys.executable, "-m", "grader", "autograde", str(sub), "--out", str(out),
+                               "--workers", "2"], cwd=ROOT, capture_output=True, text=True, timeout=3000)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        with (out / "grades.csv").open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        return {"rows": rows, "out": out, "cases": cases}
+
+    def test_honest_submissions_keep_full_marks(self, batch):
+        honest = [r for r in batch["rows"] if r["student_id"] == HONEST]
+        assert honest
+        lost = [(r["chapter"], r["problem"]) for r in honest if float(r["score"]) != float(r["max_score"])]
+        assert not lost, f"the honest reference lost points on {lost}"
+
+    @pytest.mark.parametrize("name", CASES)
+    def test_case_meets_its_expectation(self, batch, name):
+        case = batch["cases"][name]
+        chapter, exercise = case["CHAPTER"], case["EXERCISE"]
+        rows = {r["problem"]: r for r in batch["rows"] if r["student_id"] == student(name)}
+        assert rows, f"{name} was not graded"
+        if case["EXPECT"] == "loses":
+            score = sum(float(r["score"]) for r in rows.values())
+            assert score < sum(float(r["max_score"]) for r in rows.values()), f"{name} scored full marks"
+            return
+        tests = release_layout(chapter).tests_of(exercise)
+        assert tests, f"{chapter}: no graded test cell belongs to {exercise}"
+        reasons = _reasons(batch["out"] / "feedback" / student(name) / f"{chapter}.html")
+        for gid in tests:
+            assert float(rows[gid]["score"]) == 0, f"{name}: {gid} scored {rows[gid]['score']}"
+            assert case["CONSTRUCT"] in reasons.get(gid, ""), f"{name}: {gid}'s reason {reasons.get(gid)!r}"
