@@ -1,4 +1,6 @@
 # The two commands of the README: `make lab` opens the course, `make test` runs every test.
+# `make lab-instructor` adds nbgrader's tools and opens solutions/*.py as notebooks; `make demo`
+# serves the lecture dashboards.
 # Both create .venv with pip on first use (Python 3.11) and reinstall when pyproject.toml changes.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -10,10 +12,12 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # Jupyter refuses to run as root (containers, CI) unless told it may.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab test release selfcheck bench checkpoints clean help
+.PHONY: lab lab-instructor demo test release selfcheck bench checkpoints clean help
 
 help:
 	@echo "make lab         open the course in JupyterLab (prints the URL; headless)"
+	@echo "make lab-instructor  JupyterLab with nbgrader's tools; solutions/*.py open as notebooks"
+	@echo "make demo        lecture dashboards: every chapter's slider demos (Voila; prints the URL)"
 	@echo "make test        run the whole test suite (fast mode, $(WORKERS) workers)"
 	@echo "make release     regenerate course/ from solutions/"
 	@echo "make selfcheck   references score full marks, blank releases score 0"
@@ -26,9 +30,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	@touch $(STAMP)
 
+LAB = $(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) $(ALLOW_ROOT) --ServerApp.root_dir=$(CURDIR)
+
+# Students get no instructor tools: config/student switches nbgrader's menus and server pages off.
 lab: $(STAMP)
-	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) $(ALLOW_ROOT) \
-		--ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/course
+	JUPYTER_CONFIG_PATH=$(CURDIR)/config/student $(LAB) --LabApp.default_url=/lab/tree/course
+
+lab-instructor: $(STAMP)
+	$(LAB) --LabApp.app_settings_dir=$(CURDIR)/config/instructor/lab-settings --LabApp.default_url=/lab/tree
+
+# Dashboards are generated from solutions/ into build/demo/ each time, then served by Voila.
+demo: $(STAMP)
+	$(BIN)/python -m grader demo --port=$(PORT)
 
 # One thread per test worker: the workers already fill the cores, and torch's own threads
 # competing with them make notebooks several times slower on a 2-core machine.

@@ -1,4 +1,4 @@
-"""Command line: ``python -m grader {release,autograde,selfcheck}`` (run from the repository root)."""
+"""Command line: ``python -m grader {release,autograde,selfcheck,demo}`` (run from the repository root)."""
 from __future__ import annotations
 
 import argparse
@@ -25,6 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("chapters", nargs="*", help="chapter ids (default: all)")
     s.add_argument("--workers", type=int, default=2)
 
+    d = sub.add_parser("demo", help="lecture dashboards: the chapters' slider demos served by Voila")
+    d.add_argument("chapters", nargs="*", help="chapter ids (default: all with a demo cell)")
+    d.add_argument("--port", type=int, default=8866)
+    d.add_argument("--build-only", action="store_true", help="write build/demo/ and exit")
+
     args = p.parse_args(argv)
     try:
         if args.command == "release":
@@ -50,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
             from grader.selfcheck import selfcheck
 
             return 0 if selfcheck(args.chapters or None, workers=args.workers) else 1
+        if args.command == "demo":
+            from grader import demo
+
+            if args.build_only:
+                for ch in demo.build(chapter_ids=args.chapters or None):
+                    print(f"wrote {demo.BUILD / ch}.ipynb")
+                return 0
+            demo.serve(args.port, chapter_ids=args.chapters or None)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -6,6 +6,7 @@ cell markers (see STYLE.md) become nbgrader metadata here:
     # %% exercise="NAME"          -> solution cell, grade_id NAME
     # %% test="test_NAME" points=N -> locked autograded test cell worth N points
     # %% tags=["setup"]           -> provided code the autograder runs before the exercises
+    # %% tags=["demo"]            -> a slider demo, shown by the lecture dashboards (grader.demo)
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 COURSE = ROOT / "course"
 CHAPTER_RE = re.compile(r"^ch\d\d_[a-z0-9_]+$")
+DEMO_TAG = "demo"
 _JUPYTEXT_KEYS = ("lines_to_next_cell", "lines_to_end_of_cell_marker", "cell_marker", "title")
 
 
@@ -50,8 +52,16 @@ def _nbgrader_meta(cell) -> dict | None:
     return None
 
 
-def read_source(chapter: str) -> nbformat.NotebookNode:
-    """The instructor notebook of a chapter (solutions and hidden tests included)."""
+def is_demo(cell) -> bool:
+    return DEMO_TAG in cell.get("metadata", {}).get("tags", [])
+
+
+def read_source(chapter: str, demo_tags: bool = False) -> nbformat.NotebookNode:
+    """The instructor notebook of a chapter (solutions and hidden tests included).
+
+    The ``demo`` tag only tells ``python -m grader demo`` which cells its dashboard shows; it is
+    dropped unless ``demo_tags`` is true, so that tagging a cell leaves the release unchanged.
+    """
     path = SOLUTIONS / f"{chapter}.py"
     nb = jupytext.read(path)
     nb.metadata.pop("jupytext", None)
@@ -65,6 +75,10 @@ def read_source(chapter: str) -> nbformat.NotebookNode:
     for i, cell in enumerate(nb.cells):
         for key in _JUPYTEXT_KEYS:
             cell.metadata.pop(key, None)
+        if not demo_tags and is_demo(cell):
+            cell.metadata.tags = [t for t in cell.metadata.tags if t != DEMO_TAG]
+            if not cell.metadata.tags:
+                del cell.metadata["tags"]
         meta = _nbgrader_meta(cell)
         if meta is not None:
             cell.metadata["nbgrader"] = meta

@@ -392,7 +392,7 @@ plt.show()
 # prediction. Right bar: the same model state with the activations *measured*. Move the batch
 # size and watch which part takes over.
 
-# %%
+# %% tags=["demo"]
 def draw(ax, batch_size=64, depth=3, width=256, optimizer="adam"):
     net = mlp([64] + [width] * depth + [10])
     predicted = predict_training_memory(net, batch_size, optimizer)

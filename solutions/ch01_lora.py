@@ -547,7 +547,7 @@ display(Markdown(f"| model | forward FLOPs (1 sequence) | latency, batch 1 | lat
 # second); the right panel shows the accuracy each trained rank reached in 5.2. Switch `show` to
 # "model state only" to see the part LoRA does shrink, hidden under the activations otherwise.
 
-# %%
+# %% tags=["demo"]
 SLIDER_RANKS = list(range(1, 17))
 lora_memory = {}
 for r in SLIDER_RANKS:

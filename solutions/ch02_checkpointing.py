@@ -639,7 +639,7 @@ print(f"stored inputs planned: {sum(act_f[c] for c in plan) / KB:,.0f} KB, measu
 # uniform $k$ and the best block size that fit the budget), with memory and recomputation. Right:
 # recomputation against budget for the three methods (the planner's cost model, as in section 5).
 
-# %%
+# %% tags=["demo"]
 def best_fixed(plans, budget):
     fitting = [p for p in plans if plan_memory(p, act_f) <= budget]
     return min(fitting, key=lambda p: plan_recompute(p, fwd_f), default=None)

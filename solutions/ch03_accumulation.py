@@ -437,7 +437,7 @@ for m in MICRO_SIZES:
 # Slide the micro-batch size (a power of two, so that it divides the batch of 256): activation
 # memory, forward passes per optimizer step, and measured step time.
 
-# %%
+# %% tags=["demo"]
 def draw(axes, log2_micro=5):
     micro = 2 ** log2_micro
     ax_mem, ax_fwd, ax_time = axes

@@ -565,7 +565,7 @@ plt.show()
 # step's memory, measured at that batch size (activations with `nn.ReLU`, activations with 1-bit
 # masks, and weights + gradients + Adam state).
 
-# %%
+# %% tags=["demo"]
 widget_models = {(mode, bit): build(mode, one_bit=bit) for mode in MODES for bit in (False, True)}
 
 

@@ -517,7 +517,7 @@ print("lite residuals' share of TinyTL's activations:",
 # Left: accuracy against training memory for each mode. Right: the lite residual's pooling factor
 # $d$: TinyTL's activation memory and accuracy (each factor trained once, ahead of time).
 
-# %%
+# %% tags=["demo"]
 sweep = {2: results["TinyTL"]}
 for d in tqdm([f for f in FACTORS if f != 2], desc="TinyTL per pooling factor"):
     sweep[d] = run_mode("TinyTL", downsample=d)

@@ -171,7 +171,7 @@ print(f"over {weights.numel():,} weights of the {len(LINEARS)} Linear layers of 
 # error. Try 65504 vs 70000 (fp16 overflows), 1e-8 (fp16 underflows to a subnormal, then to zero)
 # and 0.1 (no binary format holds it exactly).
 
-# %%
+# %% tags=["demo"]
 FIELDS = {"fp32": (8, 23), "fp16": (5, 10), "bf16": (8, 7)}
 FIELD_COLORS = ("#f4a6a6", "#a6c8f4", "#b5e3b0")
 
@@ -634,7 +634,7 @@ print(f"NF4 error on the large matrix: {rel_error(big[0], nf4_dequantize(packed,
 # parameter (packed codes plus one float32 scale per block of 64) for every width, the 16-bit
 # formats and NF4.
 
-# %%
+# %% tags=["demo"]
 BITS = range(2, 9)
 curve = {b: rel_error(weights, absmax_roundtrip(weights, b, 64)) for b in BITS}
 nf4_err = nf4_dequantize(*nf4_quantize(weights), weights.shape) - weights

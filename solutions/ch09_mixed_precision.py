@@ -550,7 +550,7 @@ print("fp16 loss scale: start 65536, after the first steps", scales[:6], "final"
 # (smallest subnormal), $2^{-14}$ (smallest normal), 65504 (largest). Everything left of $2^{-25}$
 # becomes 0, everything right of 65504 becomes inf.
 
-# %%
+# %% tags=["demo"]
 log_g = {t: kinds["activation"].abs().log2().numpy() for t, kinds in grads.items()}
 bins = np.arange(-70, 40, 1.0)
 

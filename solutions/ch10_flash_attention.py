@@ -602,7 +602,7 @@ print("interpreter" if kernels.INTERPRETED else "compiled on the GPU")
 # blocks of $B$ rows. A bigger block means fewer passes over $K, V$, but a tile must fit in SRAM:
 # $Q$, $K$, $V$ blocks, the accumulator and the $B \times B$ scores (shown against an A100's 192 KB).
 
-# %%
+# %% tags=["demo"]
 def io_model(n, d, block):
     naive_mem, flash_mem = 2 * n * n, 4 * n  # bf16 P vs float32 log-sum-exp, bytes per head
     naive_io = 2 * (4 * n * d + 4 * n * n)
@@ -639,7 +639,7 @@ slider_plot(draw_io, ncols=2, figsize=(11, 3.6), n=(256, 65536, 256), block=(16,
 # With a causal mask the tiles above the diagonal are never touched; the tiles on it are computed
 # in full and masked inside. Move `progress` to step through the schedule.
 
-# %%
+# %% tags=["demo"]
 def draw_tiles(ax, n=512, block=64, causal=True, progress=60):
     t = math.ceil(n / block)
     order = [(i, j) for i in range(t) for j in range(t) if not causal or j * block <= min(n, (i + 1) * block) - 1]

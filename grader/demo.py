@@ -1,0 +1,348 @@
+"""``python -m grader demo``: lecture dashboards, one per chapter, served by Voila.
+
+A chapter's dashboard is generated from its only source, ``solutions/<chapter_id>.py``, each
+time the server starts, so it never drifts from the chapter:
+
+- the demo cells run, with what they need: the setup cells, the exercise cells (the reference
+  implementations) and every earlier code cell that binds or may change a name a kept cell
+  reads (``needed_cells``: a conservative slice, so that skipping a cell never changes what a
+  demo shows, only how soon it appears); graded test cells never run;
+- only the demo cells are shown (their output: Voila strips all code), each under the
+  markdown cell just before it, or under the nearest heading above it;
+- the other cells run hidden (tag ``hide``); an error in one is still shown, never swallowed.
+
+Dashboards are written to ``build/demo/`` (ignored) with a Voila template, ``course-demo``:
+large type for a projector, no code, no CDN (widget JavaScript comes from the installed
+extensions, so it works offline), and an index page that lists the chapters.
+"""
+from __future__ import annotations
+
+import ast
+import html
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+
+from grader.notebooks import ROOT, chapters, check_chapter_id, is_demo, read_source
+
+BUILD = ROOT / "build" / "demo"
+TEMPLATE = "course-demo"
+TEMPLATE_SOURCE = Path(__file__).resolve().parent / "demo_template"
+HIDE_TAG = "hide"
+# First cell of every dashboard: projector-sized figures, no progress bars among the demos.
+LECTURE_SETUP = """\
+import os
+os.environ["TQDM_DISABLE"] = "1"
+from coursekit.widgets import lecture_mode
+lecture_mode()"""
+
+_TITLE_RE = re.compile(r"^#\s+(?:Chapter\s+\d+\s+[—-]\s+)?(.+)$")
+_HEADING_RE = re.compile(r"^#{1,3}\s+\S")
+
+
+def _is_graded_test(cell) -> bool:
+    return bool(cell.get("metadata", {}).get("nbgrader", {}).get("grade"))
+
+
+def title_and_summary(nb: nbformat.NotebookNode) -> tuple[str, str]:
+    """The chapter's title (its ``# Chapter N — Title`` heading) and the first sentence after it."""
+    first = next(c for c in nb.cells if c.cell_type == "markdown")
+    lines = first.source.splitlines()
+    match = _TITLE_RE.match(lines[0]) if lines else None
+    if not match:
+        raise ValueError(f"{nb.metadata['course']['chapter']}: the first cell must start with '# Chapter N — Title'")
+    paragraph = []
+    for line in lines[1:]:
+        if line.strip():
+            paragraph.append(line.strip())
+        elif paragraph:
+            break
+    text = re.sub(r"\\times\b", "×", " ".join(paragraph))  # the one-liner is plain text: no LaTeX
+    text = re.sub(r"\s+", " ", re.sub(r"\\[a-zA-Z]+|[*_`${}]", "", text))
+    sentence = re.match(r"(.+?[.!?])(\s|$)", text)
+    return match.group(1).strip(), (sentence.group(1) if sentence else text)
+
+
+# Builtins that never change their arguments (print(x) does not make a cell a writer of x).
+_PURE_BUILTINS = {"print", "len", "repr", "str", "int", "float", "bool", "abs", "round", "min", "max",
+                  "sum", "sorted", "isinstance", "range", "enumerate", "zip", "list", "tuple", "dict",
+                  "set", "format", "type", "any", "all", "hash", "id"}
+
+
+class _Effects(ast.NodeVisitor):
+    """What running code does to the notebook's names.
+
+    ``reads``: global names it reads (function bodies included: they run later, when called);
+    ``writes``: global names it binds or may change now; ``changed``: names whose object it may
+    change (for a function body: what a call may change). Imported names (modules, functions)
+    are taken as never changed by method calls, so ``plt.show()`` keeps no cell alive.
+    """
+
+    def __init__(self, functions: dict[str, set[str]], imported: set[str], local: bool = False):
+        self.functions, self.imported, self.local = functions, imported, local
+        self.reads, self.writes, self.bound, self.changed, self.globals = set(), set(), set(), set(), set()
+        self.defined: dict[str, set[str]] = {}  # functions defined here -> globals a call may change
+
+    def visit_Name(self, node):
+        if isinstance(node.ctx, ast.Load):
+            self.reads.add(node.id)
+        else:
+            self.bound.add(node.id)
+            if not self.local:
+                self.writes.add(node.id)
+
+    def _scope(self, node, params: set[str], body) -> tuple[set[str], set[str]]:
+        """Visit a nested scope; return (names it reads, names it changes) outside itself."""
+        inner = _Effects(self.functions, self.imported, local=True)
+        for child in body:
+            inner.visit(child)
+        local = (params | inner.bound) - inner.globals
+        self.reads |= inner.reads - local
+        return inner.reads - local, (inner.changed - local) | (inner.globals & inner.bound)
+
+    @staticmethod
+    def _params(args: ast.arguments) -> set[str]:
+        every = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+        return {a.arg for a in every if a is not None}
+
+    def visit_FunctionDef(self, node):
+        for d in [*node.decorator_list, *node.args.defaults, *node.args.kw_defaults]:
+            if d is not None:
+                self.visit(d)
+        _, changes = self._scope(node, self._params(node.args), node.body)
+        self._bind(node.name)
+        self.defined[node.name] = changes
+        if self.local:
+            self.changed |= changes  # conservative: a nested function may be called here
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Lambda(self, node):
+        self._scope(node, self._params(node.args), [node.body])
+
+    def visit_ClassDef(self, node):
+        for d in [*node.bases, *node.decorator_list]:
+            self.visit(d)
+        _, changes = self._scope(node, set(), node.body)
+        self._bind(node.name)
+        self.defined[node.name] = changes
+
+    def _comprehension(self, node):
+        targets = set()
+        for gen in node.generators:
+            targets |= {n.id for n in ast.walk(gen.target) if isinstance(n, ast.Name)}
+        parts = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+        parts += [x for gen in node.generators for x in (gen.iter, *gen.ifs)]
+        _, changes = self._scope(node, targets, parts)
+        self._change_names(changes)  # runs now
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _comprehension
+
+    def visit_Global(self, node):
+        self.globals.update(node.names)
+
+    def visit_Import(self, node):
+        for a in node.names:
+            name = (a.asname or a.name).split(".")[0] if isinstance(node, ast.Import) else (a.asname or a.name)
+            self.imported.add(name)
+            self._bind(name)
+
+    visit_ImportFrom = visit_Import
+
+    def _bind(self, name):
+        self.bound.add(name)
+        if not self.local:
+            self.writes.add(name)
+
+    def visit_Attribute(self, node):
+        if isinstance(node.ctx, (ast.Store, ast.Del)):
+            self._change(node)
+        self.generic_visit(node)
+
+    visit_Subscript = visit_Attribute
+
+    def visit_AugAssign(self, node):
+        if isinstance(node.target, ast.Name):
+            self.reads.add(node.target.id)
+        self.generic_visit(node)
+
+    def visit_Call(self, node):
+        if isinstance(node.func, ast.Attribute):
+            self._change(node.func.value)  # x.update(...), model.train(), opt.step()
+        elif isinstance(node.func, ast.Name) and node.func.id in self.functions:
+            self._change_names(self.functions[node.func.id])
+        if not (isinstance(node.func, ast.Name) and node.func.id in _PURE_BUILTINS):
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                self._change(arg)  # train(model, ...) may change model
+        self.generic_visit(node)
+
+    def _change(self, node):
+        while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+            node = node.value
+        if isinstance(node, ast.Name) and node.id not in self.imported:
+            self._change_names({node.id})
+
+    def _change_names(self, names):
+        self.changed |= names
+        if not self.local:
+            self.writes |= names
+
+
+def needed_cells(sources: list[str], keep: list[bool]) -> list[bool | str]:
+    """Which code cells to run so that the cells marked in ``keep`` see what they would see
+    after running every cell: True (run it), or the source of its top-level imports (run
+    only those), or "" (skip it).
+
+    A cell runs when it binds, or may change, a name that a later running cell reads (anywhere,
+    function bodies included). "May change" is generous: storing into ``x.a`` or ``x[i]``,
+    calling a method of ``x``, passing ``x`` to a call (builtins such as ``print`` excepted),
+    or calling a notebook function whose body does one of these to a global. Imports are cheap
+    and always kept. A cell that does not parse runs.
+    """
+    functions: dict[str, set[str]] = {}
+    imported: set[str] = set()
+    effects = []
+    for src in sources:
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            effects.append(None)
+            continue
+        e = _Effects(functions, imported)
+        imports = [stmt for stmt in tree.body if isinstance(stmt, (ast.Import, ast.ImportFrom))]
+        for stmt in tree.body:
+            e.visit(stmt)
+        for stmt in imports:  # kept in any case, so they need no cell
+            e.writes -= {(a.asname or a.name).split(".")[0] for a in stmt.names}
+        functions.update(e.defined)
+        effects.append((e, "\n".join(ast.get_source_segment(src, stmt) for stmt in imports)))
+    needed, result = set(), [""] * len(sources)
+    for i in range(len(sources) - 1, -1, -1):
+        if effects[i] is None:
+            result[i] = True
+            continue
+        e, imports = effects[i]
+        if keep[i] or e.writes & needed:
+            result[i] = True
+            needed |= e.reads
+        else:
+            result[i] = imports
+    return result
+
+
+def dashboard(chapter: str) -> nbformat.NotebookNode | None:
+    """The dashboard notebook of ``chapter``, or None if it has no demo cell."""
+    src = read_source(chapter, demo_tags=True)
+    demos = [i for i, c in enumerate(src.cells) if c.cell_type == "code" and is_demo(c)]
+    if not demos:
+        return None
+    title, summary = title_and_summary(src)
+    v4 = nbformat.v4
+    cells = [v4.new_code_cell(LECTURE_SETUP, metadata={"tags": [HIDE_TAG]}),
+             v4.new_markdown_cell(f"# {title}\n\n{summary}\n\n[← all chapters](../../)",
+                                  metadata={"tags": ["title"]})]
+    code = [(i, c) for i, c in enumerate(src.cells[:demos[-1] + 1])
+            if c.cell_type == "code" and not _is_graded_test(c)]
+    run = needed_cells([c.source for _, c in code],
+                       [is_demo(c) or "setup" in c.metadata.get("tags", []) or "nbgrader" in c.metadata
+                        for _, c in code])
+    shown_markdown = set()
+    for (i, cell), needed in zip(code, run):
+        if needed is not True:
+            if needed:
+                cells.append(v4.new_code_cell(needed, metadata={"tags": [HIDE_TAG]}))
+            continue
+        if not is_demo(cell):
+            cells.append(v4.new_code_cell(cell.source, metadata={"tags": [HIDE_TAG]}))
+            continue
+        intro = _intro(src.cells, i, shown_markdown)
+        if intro is not None:
+            cells.append(v4.new_markdown_cell(intro))
+        cells.append(v4.new_code_cell(cell.source, metadata={"tags": ["demo"]}))
+    nb = v4.new_notebook(cells=cells, metadata={
+        "kernelspec": src.metadata["kernelspec"], "language_info": src.metadata["language_info"],
+        "course": {"chapter": chapter, "title": title, "summary": summary,
+                   "generated_from": f"solutions/{chapter}.py",
+                   "note": "Generated by `python -m grader demo`; edit the source, not this file."}})
+    nbformat.validate(nb)
+    return nb
+
+
+def _intro(cells, demo_index: int, shown: set[int]) -> str | None:
+    """What a demo is shown under (each markdown cell at most once): the nearest markdown cell
+    above it from its last heading on; a heading-less one only when it comes right before the
+    demo; otherwise the nearest heading above."""
+    j = demo_index - 1
+    while j >= 0 and cells[j].cell_type != "markdown":
+        j -= 1
+    for k in range(j, -1, -1):
+        if cells[k].cell_type != "markdown":
+            continue
+        lines = cells[k].source.splitlines()
+        heads = [n for n, line in enumerate(lines) if _HEADING_RE.match(line)]
+        if k == j and (heads or j == demo_index - 1):
+            text = "\n".join(lines[heads[-1]:]) if heads else cells[k].source
+        elif heads:
+            text = lines[heads[-1]]
+        else:
+            continue
+        if k in shown:
+            return None
+        shown.add(k)
+        return text
+    return None
+
+
+def build(dest: Path = BUILD, chapter_ids: list[str] | None = None) -> list[str]:
+    """Write the dashboards, the Voila template and the index page under ``dest``.
+
+    Returns the chapters that have a dashboard, in order. Files of chapters that no longer
+    have one are removed.
+    """
+    chapter_ids = [check_chapter_id(c) for c in chapter_ids] if chapter_ids else chapters()
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in dest.glob("*.ipynb"):
+        old.unlink()
+    listed = []
+    for ch in chapter_ids:
+        nb = dashboard(ch)
+        if nb is None:
+            continue
+        nbformat.write(nb, dest / f"{ch}.ipynb")
+        listed.append((ch, nb.metadata["course"]["title"], nb.metadata["course"]["summary"]))
+    template = dest / "share" / "voila" / "templates" / TEMPLATE
+    if template.exists():
+        shutil.rmtree(template)
+    shutil.copytree(TEMPLATE_SOURCE, template)
+    page = index_page(listed)
+    for name in ("tree-lab.html", "tree.html"):  # Voila's index page, whichever tree it is set to
+        (template / name).write_text(page, encoding="utf-8")
+    return [ch for ch, _, _ in listed]
+
+
+def index_page(listed: list[tuple[str, str, str]]) -> str:
+    """The page Voila serves at ``/``: one row per chapter (title, one line, link)."""
+    e = html.escape
+    rows = "\n".join(
+        f'<li><a class="chapter" href="{{{{ base_url }}}}voila/render/{e(ch)}.ipynb">'
+        f'<span class="id">{e(ch)}</span> {e(title)}</a><p>{e(summary)}</p></li>'
+        for ch, title, summary in listed)
+    return (TEMPLATE_SOURCE / "index-page.html").read_text(encoding="utf-8").replace("{rows}", rows)
+
+
+def serve(port: int, dest: Path = BUILD, chapter_ids: list[str] | None = None) -> None:
+    """Build the dashboards, then replace this process with Voila serving them on 127.0.0.1."""
+    listed = build(dest, chapter_ids)
+    if not listed:
+        raise RuntimeError("no chapter has a demo cell (# %% tags=[\"demo\"])")
+    print(f"dashboards for {len(listed)} chapter(s) in {dest}", flush=True)
+    env = {**os.environ, "JUPYTER_PATH": os.pathsep.join(
+        p for p in (str(dest / "share"), os.environ.get("JUPYTER_PATH", "")) if p)}
+    voila = Path(sys.executable).parent / "voila"
+    args = [str(voila), str(dest), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
+            "--Voila.port_retries=0", f"--template={TEMPLATE}", "--theme=light"]
+    os.execve(str(voila), args, env)

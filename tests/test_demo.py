@@ -1,0 +1,120 @@
+"""Lecture dashboards (`make demo`): generated from solutions/, demo cells tagged, slices that run
+what the demos need, an index page, and a template that needs no network."""
+import ast
+import re
+
+import pytest
+
+from conftest import ROOT
+from grader import demo
+from grader.notebooks import chapters, is_demo, read_source
+
+WIDGET_CALL = re.compile(r"^(slider_plot|interact|display\(widgets)", re.M)
+
+
+@pytest.mark.parametrize("chapter", chapters())
+def test_every_widget_cell_is_tagged_demo(chapter):
+    nb = read_source(chapter, demo_tags=True)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and WIDGET_CALL.search(cell.source):
+            assert is_demo(cell), (f"{chapter}: a cell shows widgets but is not tagged demo; mark it "
+                                   f'`# %% tags=["demo"]`:\n{cell.source[:300]}')
+
+
+def test_demo_tag_stays_out_of_the_release():
+    nb = read_source("ch00_memory")
+    assert not any(is_demo(c) for c in nb.cells)
+    assert any(is_demo(c) for c in read_source("ch00_memory", demo_tags=True).cells)
+
+
+def _runs(sources, keep):
+    return [r is True for r in demo.needed_cells(sources, keep)]
+
+
+def test_slice_keeps_definitions_and_changes_a_demo_reads():
+    sources = [
+        "import math\nx = 1",           # binds x, read by the demo
+        "y = 2\nprint(y)",              # y unused: skipped
+        "results = {}",                 # bound ...
+        "def train(v):\n    return v",  # (read by the next cell, which runs)
+        "results['a'] = train(x)",      # ... and changed: all three run
+        "log = []\ndef note(v):\n    log.append(v)",
+        "note(3)",                      # changes log through a notebook function
+        "model = object()",
+        "model.fit()",                  # a method call may change model
+        "import statistics\nslow = statistics.mean(range(10**6))",
+        "print(math.pi)\nimport itertools",
+        "def draw(ax, k=1):\n    ax.plot(k)\n    return results, log, model, math, itertools",  # the demo
+    ]
+    keep = [False] * (len(sources) - 1) + [True]
+    runs = _runs(sources, keep)
+    assert runs == [True, False, True, True, True, True, True, True, True, False, False, True]
+    sliced = demo.needed_cells(sources, keep)
+    assert sliced[9] == "import statistics" and sliced[10] == "import itertools" and sliced[1] == ""
+
+
+def test_slice_ignores_names_local_to_functions_and_comprehensions():
+    sources = ["ax = 'global ax'\nk = 3",  # the demo's ax and k are its own parameters
+               "rows = [k for k in range(3)]",
+               "def draw(ax, k=1):\n    return [ax for _ in range(k)], rows"]
+    assert _runs(sources, [False, False, True]) == [False, True, True]
+
+
+def test_unparsable_cells_run():
+    assert _runs(["%matplotlib inline", "x = 1", "x"], [False, False, True]) == [True, True, True]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("demo")
+    return dest, demo.build(dest)
+
+
+def test_build_writes_a_dashboard_per_chapter_with_demos(built):
+    dest, listed = built
+    with_demos = [ch for ch in chapters() if any(c.cell_type == "code" and is_demo(c)
+                                                 for c in read_source(ch, demo_tags=True).cells)]
+    assert listed == with_demos and "ch00_memory" in listed
+    assert sorted(p.stem for p in dest.glob("*.ipynb")) == sorted(listed)
+
+
+@pytest.mark.parametrize("chapter", ["ch00_memory", "ch10_flash_attention"])
+def test_dashboard_shows_demo_cells_and_hides_the_rest(chapter, built):
+    import nbformat
+
+    dest, _ = built
+    nb = nbformat.read(dest / f"{chapter}.ipynb", as_version=4)
+    src = read_source(chapter, demo_tags=True)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code[0].source == demo.LECTURE_SETUP
+    assert [c.source for c in code if is_demo(c)] == [c.source for c in src.cells if c.cell_type == "code" and is_demo(c)]
+    assert all(is_demo(c) or c.metadata["tags"] == [demo.HIDE_TAG] for c in code)
+    text = "\n".join(c.source for c in nb.cells)
+    assert "run_hidden" not in text, "graded test cells never run in a dashboard"
+    for c in code:
+        ast.parse(c.source)
+    title = nb.cells[1].source
+    assert title.startswith("# ") and "Chapter" not in title.splitlines()[0]
+
+
+def test_index_page_lists_chapters_with_links(built):
+    dest, listed = built
+    page = (dest / "share" / "voila" / "templates" / demo.TEMPLATE / "tree-lab.html").read_text()
+    for ch in listed:
+        title, summary = demo.title_and_summary(read_source(ch))
+        assert f'voila/render/{ch}.ipynb"' in page and title in page
+        assert summary and "\\" not in summary and "$" not in summary
+
+
+def test_template_needs_no_network(built):
+    dest, _ = built
+    for path in (dest / "share").rglob("*"):
+        if path.is_file():
+            assert not re.search(r"https?://", path.read_text()), f"{path.name} loads something from the network"
+
+
+def test_makefile_offers_demo_and_instructor_lab():
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^demo: .*\n\t.*-m grader demo --port=\$\(PORT\)", makefile, re.M)
+    assert re.search(r"^lab: .*\n\tJUPYTER_CONFIG_PATH=\$\(CURDIR\)/config/student ", makefile, re.M)
+    assert re.search(r"^lab-instructor: ", makefile, re.M)
