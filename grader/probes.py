@@ -38,6 +38,16 @@ def param_table(module: nn.Module) -> dict[str, dict]:
     }
 
 
+def tensor_states(tensors: list) -> list[dict]:
+    """{"shape", "dtype", "requires_grad", "value", "grad"} of each given tensor object, in order.
+
+    Checks pass tensors they sent themselves (``nb.put((model, list(model.parameters())))``, one
+    message), so what is read is the judge's own tensor, not what a module's methods report."""
+    return [{"shape": list(t.shape), "dtype": str(t.dtype), "requires_grad": bool(t.requires_grad),
+             "value": t.detach().clone(), "grad": None if t.grad is None else t.grad.detach().clone()}
+            for t in tensors]
+
+
 def module_table(module: nn.Module) -> dict[str, list[str]]:
     """{qualified name: class MRO names} for every submodule ("" is the module itself)."""
     return {name: type_names(m) for name, m in module.named_modules()}
@@ -108,17 +118,21 @@ def ch02_run_and_trace(fn: Callable, module: nn.Module, x: torch.Tensor, grad_ou
     }
 
 
-class ch03_BatchSizeRecorder(nn.Module):
-    """Wraps a model and records the batch size of every forward call in ``self.sizes``."""
+class ch03_MicroBatchModel(nn.Module):
+    """Wraps a model and adds ``pos[i]`` to the i-th sample of every forward call: a call on more than
+    ``len(pos)`` samples raises, and the gradient of ``pos`` shows which samples went in together."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, rows: int, features: int, seed: int):
         super().__init__()
         self.model = model
-        self.sizes: list[int] = []
+        g = torch.Generator().manual_seed(seed)
+        self.pos = nn.Parameter(0.5 * torch.randn(rows, features, generator=g))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.sizes.append(int(x.shape[0]))
-        return self.model(x)
+        n, rows = x.shape[0], self.pos.shape[0]
+        if n > rows:
+            raise ValueError(f"the model was called on {n} samples at once; it takes at most {rows} per call")
+        return self.model(x + self.pos[:n])
 
 
 def ch03_describe(value) -> dict:
