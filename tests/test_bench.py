@@ -9,7 +9,8 @@ from coursekit.bench import kernel_benchmarks
 
 
 def test_every_chapter_kernel_has_a_benchmark():
-    assert kernel_benchmarks() == ["kernels.ch05_tinytl", "kernels.ch08_quantization", "kernels.ch10_flash_attention"]
+    assert kernel_benchmarks() == ["kernels.ch05_tinytl", "kernels.ch06_sparse_backprop", "kernels.ch08_quantization",
+                                   "kernels.ch10_flash_attention"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message printed without CUDA")
