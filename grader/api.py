@@ -27,7 +27,13 @@ Rules that keep a check valid in both kinds:
   - arithmetic on the student's objects happens through method calls (``y.mul(g).sum()``),
     or run a trusted probe there with ``nb.apply(probes.fn, *args)`` (``grader.probes``);
   - expected exceptions: ``nb.apply(probes.raised, fn, *args)`` returns the exception's class
-    names (or None).
+    names (or None);
+  - resource bounds come from outside the student's process: ``nb.memory(reset_peak=True)``, then
+    the student's call, then ``nb.memory()``; the difference of ``held`` (resident + files) or of
+    ``peak`` is what the process really holds (``grader.sandbox.meter``). Release the handles you
+    no longer need (``del``) before reading: the worker drops them first. Probe measurements
+    (saved bytes, FLOPs, op traces) are claims the student's code controls: teaching feedback,
+    never the only ground for a point.
 """
 from __future__ import annotations
 
@@ -74,6 +80,8 @@ def fetch(value):
 class LocalNamespace:
     """The student's definitions when the check runs inside the notebook's own kernel."""
 
+    _pinned = False  # glibc's mmap threshold, pinned once per process (see grader.sandbox.meter)
+
     def __init__(self, namespace: dict):
         self._ns = namespace
 
@@ -93,6 +101,20 @@ class LocalNamespace:
 
     def apply(self, fn: Callable, *args, **kwargs):
         return fn(*args, **kwargs)
+
+    def memory(self, reset_peak: bool = False):
+        """What this process holds now (see ``RemoteNamespace.memory``)."""
+        import gc
+
+        from grader.sandbox import meter
+
+        if not LocalNamespace._pinned:
+            meter.pin_mmap_threshold()
+            LocalNamespace._pinned = True
+        gc.collect()
+        if reset_peak:
+            meter.reset_peak()
+        return meter.read()
 
 
 def run_hidden(chapter: str, grade_id: str, namespace: dict) -> None:

@@ -6,9 +6,11 @@ found by type, not by attribute name), through a sequence of modes on the same m
 must also freeze what the previous one trained); the returned count must be the real one.
 ``pack_bits`` / ``unpack_bits`` are compared with ``numpy.packbits(..., bitorder="little")``;
 the buffers given to ``unpack_bits`` carry garbage in their unused tail bits. ``relu_1bit`` is
-compared with plain ``torch.relu`` autograd (exact zeros included), and what it saves is measured
-in the student's process (``probes.ch04_saved_run``), once more with the input and output
-overwritten between forward and backward.
+compared with plain ``torch.relu`` autograd (exact zeros included), once more with the input and
+output overwritten between forward and backward; what it keeps for backward is read from outside
+the student's process on a 64 MiB input (``grader.resources``). The saved-bytes probe
+(``probes.ch04_saved_run``, a claim the student's code could fake) only adds the requirement that
+the mask goes through ``ctx.save_for_backward``.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from coursekit.checks import check_close, check_equal
 from coursekit.transfer import TransferCNN
 from grader import probes
 from grader.api import fetch, hidden_test
+from grader.resources import MiB, fresh_tensor, held_by, mib
 
 MODES = ("full", "last", "bn+last", "bias+last")
 RULES = {
@@ -260,3 +263,22 @@ def check_relu_1bit(nb):
         check_close(again["dx"], dx_ref, f"the gradient of {where} when x and the output are overwritten between "
                     "forward and backward", "backward must use only the packed mask saved for it, not x or the "
                     "output kept some other way (a ctx attribute)", atol=0, rtol=0)
+    _check_relu_memory(nb)
+
+
+def _check_relu_memory(nb, n: int = 1 << 24) -> None:
+    """What the process holds between forward and backward, read from outside it."""
+    nb.relu_1bit(fresh_tensor(nb, (9,))).sum().backward()  # first call: lazily loaded code and caches
+
+    def forward():
+        return nb.relu_1bit(fresh_tensor(nb, (n,))).sum()  # input and output dropped, the graph kept
+
+    held, loss = held_by(nb, forward)
+    limit = math.ceil(n / 8) + MiB
+    if held.kept > limit:
+        raise AssertionError(
+            f"relu_1bit on {n:,} float32 elements: between forward and backward, with the input and output "
+            f"released, your process still held {mib(held.kept)} more than before (read from outside your "
+            f"process); the packed mask is {mib(math.ceil(n / 8))}, a bool mask {mib(n)}, the input or output "
+            f"{mib(4 * n)}. {BYTES_HINT}")
+    loss.backward()

@@ -7,11 +7,13 @@ in the layer order, norm (training-mode BatchNorm) and upsampling (bilinear) tha
 specifies: a grader that holds the student to a written specification, rather than to properties
 any variant would pass, is the fairer one when the specification is in the exercise (and it is the
 only way to notice a skipped pooling or a nearest-neighbour upsampling). Memory: no tensor at the
-input's full resolution is kept.
+input's full resolution is kept, read from outside the student's process on a large input
+(``grader.resources``; the in-process saved-bytes probe on a small one only explains).
 
 apply_tinytl: outputs unchanged at init (eval and train mode), the trainable set exactly the original
 biases + the lite residuals + the classifier, one LiteResidual per block fed with the block's input,
-the main branch keeping no fp32 ReLU output (bytes measured outside the lite residuals), and a few
+the main branch keeping no fp32 ReLU output (read from outside the student's process: a training
+forward minus the student's own LiteResidual modules on the same inputs), and a few
 Adam steps that lower the loss and move every trainable parameter.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from coursekit.checks import check_close
 from coursekit.transfer import digits_tasks, load_pretrained_cnn
 from grader import probes
 from grader.api import fetch, hidden_test
+from grader.resources import MiB, fresh_tensor, held_by, mib
 
 TOL = dict(atol=2e-4, rtol=2e-4)  # float32 student against a float64 reference, BatchNorm divides by std
 SPEC_HINT = ("build the branch in the docstring's order: avg_pool_lean(x, downsample) → conv (k×k, groups, "
@@ -158,6 +161,25 @@ def check_lite_residual(nb):
             f"LiteResidual(16, 16) on a (4, 16, 16, 16) input keeps {got['activation_bytes']:,} bytes for backward, "
             f"more than its four tensors at the pooled 8×8 resolution (≤ {bound:,}): a tensor at the input's full "
             "resolution is kept. nn.AvgPool2d / F.avg_pool2d keep their whole input; pool with avg_pool_lean")
+    # The same, read from outside the student's process on a large input that nothing else holds.
+    B, C, H, d = 64, 32, 32, 4
+    lite = nb.LiteResidual(C, C, 1, d, 2, 5)
+    held = _lite_held(nb, lite, (B, C, H, H))
+    pooled = B * C * (H // d) ** 2 * 4
+    if held > 6 * pooled + MiB:
+        raise AssertionError(
+            f"LiteResidual({C}, {C}, downsample={d}) on a {(B, C, H, H)} input: between forward and backward, with "
+            f"the input and output released, your process still held {mib(held)} more than before (read from "
+            f"outside your process), while the branch's four tensors at the pooled resolution take {mib(4 * pooled)} "
+            f"and the input alone {mib(B * C * H * H * 4)}: a tensor at the input's full resolution is kept. "
+            "nn.AvgPool2d / F.avg_pool2d keep their whole input; pool with avg_pool_lean")
+
+
+def _lite_held(nb, lite, shape, requires_grad: bool = True) -> int:
+    """Bytes a lite residual keeps between forward and backward, read from outside the process."""
+    lite(fresh_tensor(nb, (2,) + tuple(shape[1:]), requires_grad=requires_grad)).sum().backward()  # warm up
+    held, _ = held_by(nb, lambda: lite(fresh_tensor(nb, shape, requires_grad=requires_grad)).sum())
+    return held.kept
 
 
 # --- apply_tinytl ---------------------------------------------------------------------------------
@@ -168,6 +190,30 @@ def _target_batch(n: int, offset: int = 0):
 
 BLOCK_SHAPES = [([1, 8, 8], [32, 8, 8]), ([32, 8, 8], [64, 8, 8]), ([64, 8, 8], [64, 4, 4]), ([64, 4, 4], [128, 4, 4])]
 RELU_ELEMENTS = sum(math.prod(out) for _, out in BLOCK_SHAPES)  # per image, one ReLU output per block
+
+
+def _check_main_branch_held(nb, batch: int = 1024) -> None:
+    """The main branch's memory, read from outside the student's process: what a training forward keeps
+    (graph alive, input and output released) minus what the student's own LiteResidual modules keep on
+    the same inputs alone. Only the 1-bit masks and the classifier's input may remain."""
+    model = nb.apply_tinytl(nb.put(load_pretrained_cnn(seed=5)))
+    model(fresh_tensor(nb, (2, 1, 8, 8), requires_grad=False)).sum().backward()  # warm up
+    whole, _ = held_by(nb, lambda: model(fresh_tensor(nb, (batch, 1, 8, 8), requires_grad=False)).sum())
+    lite = 0
+    for i, ((cin, h, _), (cout, h_out, _)) in enumerate(BLOCK_SHAPES):
+        groups = 2 if cin % 2 == 0 and cout % 2 == 0 else 1
+        lite += _lite_held(nb, nb.LiteResidual(cin, cout, h // h_out, 2, groups), (batch, cin, h, h),
+                           requires_grad=i > 0)
+    masks = sum(-(-batch * math.prod(out) // 8) for _, out in BLOCK_SHAPES)
+    bound = masks + batch * 128 * 4 + 2 * MiB
+    main = whole.kept - lite
+    if main > bound:
+        raise AssertionError(
+            f"a training forward of the TinyTL model on {batch} images kept {mib(whole.kept)} between forward and "
+            f"backward (read from outside your process), of which {mib(lite)} is what your LiteResidual modules keep "
+            f"alone: the main branch keeps {mib(main)}, while its 1-bit ReLU masks take {mib(masks)} and fp32 ReLU "
+            f"outputs would take {mib(batch * RELU_ELEMENTS * 4)}. Replace each block's ReLU by relu_1bit and keep "
+            "every original weight frozen")
 
 
 @hidden_test("test_apply_tinytl")
@@ -216,6 +262,7 @@ def check_apply_tinytl(nb):
             f"outside the lite residuals one training step keeps {saved['outside']['bytes']:,} bytes (largest: "
             f"{big}); 1-bit ReLU masks take {masks:,} bytes, fp32 ReLU outputs {fp32_relu:,}. Replace each block's "
             "ReLU by relu_1bit and keep every original weight frozen")
+    _check_main_branch_held(nb)
     # It trains: the loss goes down and every trainable parameter moves.
     xb, yb = _target_batch(48, offset=100)
     run = fetch(nb.apply(probes.ch05_train_steps, nb.apply_tinytl(nb.put(load_pretrained_cnn(seed=4))), xb, yb, 6, 1e-2))

@@ -15,6 +15,12 @@ import tempfile
 
 FILE_BYTES = 64 * 1024**2  # largest file the worker may write (its own directory only)
 OPEN_FILES = 256
+WORKDIR_BYTES = 128 * 1024**2  # the worker's own tmpfs: all its files together
+WORKDIR_INODES = 1024
+
+_CLONE_NEWNS = 0x00020000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 
 
 def settle_environment(workdir: str, repo: str) -> None:
@@ -29,6 +35,37 @@ def settle_environment(workdir: str, repo: str) -> None:
     os.environ["USER"] = os.environ["LOGNAME"] = "student"
     tempfile.tempdir = workdir
     sys.path[:] = [p for p in sys.path if p not in ("", ".", repo)]
+
+
+def private_workdir(workdir: str, work_base: str, uid: int, shared_root: bool) -> bool:
+    """Give the worker a file system of its own: a tmpfs on ``workdir``, in a mount namespace of its own.
+
+    Its byte and inode limits are the worker's alone, and in that namespace the shared directory
+    that holds every worker's directory is read-only, so no worker can exhaust what another needs
+    to start. Needs CAP_SYS_ADMIN (root, or root mapped in a user namespace); returns False, and
+    changes nothing, without it. ``shared_root``: the server runs in the machine's own mount
+    namespace (plain mode), whose mounts may propagate. Uses ctypes: this runs before the audit hook, in trusted code.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+
+    def mount(source, target, fstype, flags, data=None) -> None:
+        enc = (lambda v: None if v is None else v.encode())
+        if libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+    if libc.unshare(_CLONE_NEWNS) != 0:
+        return False
+    if shared_root:  # no private namespace around the server: keep our mounts from propagating out
+        mount(None, "/", None, _MS_REC | _MS_PRIVATE)
+    if os.path.ismount(work_base):
+        mount(None, work_base, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    mount("grader-worker", workdir, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+          f"size={WORKDIR_BYTES},nr_inodes={WORKDIR_INODES},mode=0700,uid={uid},gid={uid}")
+    return True
 
 
 def apply_limits(memory_bytes: int, cpu_seconds: int, max_processes: int,

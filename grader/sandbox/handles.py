@@ -88,6 +88,13 @@ class RemoteNamespace:
         """Copy a judge value (tensor, module) into the student's process; return its handle."""
         return self._worker.handle(("put", value), type(value).__name__)
 
+    def memory(self, reset_peak: bool = False):
+        """What the student's process holds now, read by the judge from outside it (``meter.Memory``).
+
+        ``reset_peak=True`` restarts the high-water mark that later readings report as ``peak``.
+        """
+        return self._worker.memory(reset_peak)
+
     def apply(self, fn, *args, **kwargs):
         """Run ``grader.probes.<fn>`` in the student's process; return its result as plain data."""
         name = getattr(fn, "__name__", "")

@@ -15,6 +15,7 @@ an argument travels as the persistent id ``("handle", id)``::
     ("fetch", id)                    the object as plain data            → value
     ("apply", probe, args, kwargs)   run grader.probes.<probe> there     → value
     ("release", ids)                 forget handles                      → ok
+    ("release", ids, "collect")      ... and run the garbage collector   → ok
 
 Replies (worker → judge) are small JSON objects that :class:`Connection` validates field by
 field; values inside them are :mod:`grader.sandbox.codec` text. Nothing the worker sends is
@@ -262,6 +263,17 @@ class Connection:
 
     def death_reason(self) -> str:
         return "your code's process stopped unexpectedly"
+
+    def settle(self) -> None:
+        """Have the worker drop every handle the judge let go of and collect its garbage."""
+        ids, self.pending_release = self.pending_release, []
+        reply = self.request(("release", ids, "collect"))
+        if reply["t"] != "ok":
+            raise Stop("the submission's process sent a malformed reply")
+
+    def memory(self, reset_peak: bool = False):
+        """The memory the worker holds now (``grader.sandbox.meter.Memory``), read from outside."""
+        raise NotImplementedError("this connection cannot read its worker's memory")
 
     def _roundtrip(self, message) -> dict:
         buf = io.BytesIO()

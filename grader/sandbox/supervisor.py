@@ -25,8 +25,9 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from grader.sandbox import meter
 from grader.sandbox.forkserver import recv_msg, send_msg
-from grader.sandbox.rpc import Connection
+from grader.sandbox.rpc import Connection, Stop
 
 if TYPE_CHECKING:
     from grader.sandbox.judge import Limits
@@ -40,10 +41,31 @@ class _Worker(Connection):
     """One problem's worker process, as the judge sees it."""
 
     def __init__(self, server: "_Server", pid: int, uid: int, req_fd: int, rep_fd: int,
-                 deadline: float, limits: Limits):
+                 deadline: float, limits: Limits, workdir: str):
         super().__init__(req_fd, rep_fd, deadline, limits.wall_seconds)
         self.server, self.pid, self.uid, self.limits = server, pid, uid, limits
+        self.workdir = workdir  # as the worker sees it
         self.status = None
+
+    def memory(self, reset_peak: bool = False) -> meter.Memory:
+        """Memory the worker holds, read from /proc between two requests (the worker is idle).
+
+        Resident memory of every process of the worker's uid (its own pid only when it shares the
+        judge's uid), plus the bytes on its own work file system; ``peak`` is the worker's resident
+        high-water mark since the last ``reset_peak=True`` reading. Handles the judge let go of are
+        dropped (and garbage collected) in the worker first.
+        """
+        self.settle()
+        try:
+            reading = meter.read(self.pid, self.workdir)
+            others = sum(meter.read(p).resident for p in _uid_processes(self.uid) if p != self.pid) \
+                if self.server.info.get("own_uid") else 0
+            if reset_peak:
+                meter.reset_peak(self.pid)
+                reading = meter.read(self.pid, self.workdir)
+        except OSError:
+            raise Stop(self.death_reason()) from None
+        return meter.Memory(reading.resident + others, reading.peak + others, reading.files)
 
     def death_reason(self) -> str:
         # A process that is exiting closes its files a moment before it becomes a zombie.
@@ -104,23 +126,30 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _uid_processes(uid: int) -> list[int]:
+    """Pids of the live (not zombie) processes owned by ``uid``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+        except OSError:
+            continue
+        zombie = fields.get("State", "").strip().startswith("Z")
+        if not zombie and int(fields.get("Uid", "-1 ").split()[0]) == uid:
+            pids.append(int(entry))
+    return pids
+
+
 def _kill_uid(uid: int) -> None:
     """SIGKILL every live process owned by ``uid`` (a worker's uid is its alone)."""
     for _ in range(10):
         killed = False
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
+        for pid in _uid_processes(uid):
             try:
-                with open(f"/proc/{entry}/status") as f:
-                    fields = dict(line.split(":", 1) for line in f if ":" in line)
-            except OSError:
-                continue
-            zombie = fields.get("State", "").strip().startswith("Z")
-            if zombie or int(fields.get("Uid", "-1 ").split()[0]) != uid:
-                continue
-            try:
-                os.kill(int(entry), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
                 killed = True
             except ProcessLookupError:
                 pass
@@ -209,9 +238,9 @@ class _Server:
         finally:
             os.close(req_r)
             os.close(rep_w)
-        _, pid, uid, _workdir = answer
+        _, pid, uid, workdir = answer
         os.set_blocking(req_w, False)
-        return _Worker(self, pid, uid, req_w, rep_r, deadline, limits)
+        return _Worker(self, pid, uid, req_w, rep_r, deadline, limits, workdir)
 
     def reap(self, pid: int):
         """Have the server kill, wait for and clean up a worker; its wait status, or None."""
@@ -244,7 +273,10 @@ class _Server:
 def _server_env() -> dict:
     env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8",
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-           "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg"}
+           "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1", "MPLBACKEND": "Agg",
+           # Every allocation of 64 KiB or more is a mapping of its own, returned when freed, so
+           # that the resident memory the judge reads (meter.py) tracks live tensors.
+           "MALLOC_MMAP_THRESHOLD_": str(meter.MMAP_THRESHOLD)}
     for key in ("HOME", "COURSE_FAST", "PYTHONHASHSEED"):
         if key in os.environ:
             env[key] = os.environ[key]
