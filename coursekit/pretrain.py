@@ -59,6 +59,8 @@ def pretrain(name: str, cfg: PretrainConfig | None = None) -> tuple[TinyGPT, flo
 
 CNN = "transfer_cnn_digits"  # the TransferCNN of ch04/ch05 (coursekit.transfer), about 10 s
 CNN_MIN_ACCURACY = 0.98
+MOBILENET = "transfer_mobilenet_digits"  # the TransferMobileNet of ch05 (coursekit.transfer), about 30 s
+MOBILENET_MIN_ACCURACY = 0.97
 
 
 def _save(name: str, model: torch.nn.Module, acc: float, min_accuracy: float, path: Path) -> None:
@@ -75,7 +77,7 @@ def _save(name: str, model: torch.nn.Module, acc: float, min_accuracy: float, pa
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    choices = sorted(PRETRAINED) + [CNN]
+    choices = sorted(PRETRAINED) + [CNN, MOBILENET]
     parser.add_argument("names", nargs="*", default=choices,
                         help=f"checkpoints to regenerate (default: all of {choices})")
     args = parser.parse_args(argv)
@@ -85,6 +87,11 @@ def main(argv: list[str] | None = None) -> None:
 
             model, acc = pretrain_cnn()
             _save(name, model, acc, CNN_MIN_ACCURACY, CHECKPOINT)
+        elif name == MOBILENET:
+            from coursekit.transfer import MOBILENET_CHECKPOINT, pretrain_mobilenet
+
+            model, acc = pretrain_mobilenet()
+            _save(name, model, acc, MOBILENET_MIN_ACCURACY, MOBILENET_CHECKPOINT)
         else:
             model, acc = pretrain(name)
             _save(name, model, acc, PRETRAINED[name].min_accuracy, checkpoint_path(name))
