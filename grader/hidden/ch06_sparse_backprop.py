@@ -1,0 +1,412 @@
+"""Hidden tests of chapter 6 (meProp).
+
+meprop_linear, by property, one graded cell each:
+- values: per-example top-k on awkward shapes (37 × 29 → 53, 6 × 40 → 9; k = 1 … n_out − 1) against a
+  float64 reference computed here. The output gradient has large negative entries (a signed top-k
+  keeps other entries) and, with 6 rows, a top-k over the batch axis is still possible but wrong;
+  failures are matched against those mistakes (and a sparsified db, one of dx/dW left dense) to
+  name the one that was made.
+- unified: an output gradient built so that the column sums of |g| are well separated and differ
+  in order from the signed sums and from the column maxima; rows of dW outside I must be exactly 0.
+- compute: behavioural, decided here from values only. Rows of W outside I are NaN and one entry of
+  x is inf: products of the compacted g[:, I] keep dx finite and dW's other rows exactly 0, while a
+  dense product with zeroed columns gives 0 · NaN = NaN in dx and 0 · inf = NaN in dW. The backward
+  FLOPs counted in the student's process appear in the message only.
+- edge cases: k ≤ 0 and k ≥ n_out are dense; with an x that needs no grad, W's storage is freed between
+  forward and backward (a backward that computes dx reads W and raises); no bias; ValueError for a
+  non-2-D x.
+
+apply_meprop, without running the student's meprop_linear: which modules were replaced (every Linear
+but the last, at its place, by a MePropLinear holding the same Parameters with the given k and
+unified), nothing else changed, a ValueError without Linear; and the output layer alone, run forward
+and backward in the student's process, gives a dense Linear's values and gradients.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
+
+from coursekit.checks import check_close
+from coursekit.models import mlp
+from coursekit.transformer import GPTConfig, TinyGPT
+from grader import probes
+from grader.api import fetch, hidden_test
+
+TOL = dict(atol=1e-4, rtol=1e-4)  # float32 products of length ≤ 53 against float64
+CHAPTER_SHAPES = [(37, 29, 53), (6, 40, 9)]  # (B, n_in, n_out)
+
+MAGNITUDE_HINT = ("keep the k entries of largest magnitude |g_ij| in each row: a large negative gradient "
+                  "counts as much as a large positive one (topk of g.abs(), then take the signed values)")
+ROW_HINT = ("per example means per row of g (B, n_out): top-k over the output units of each example "
+            "(dim=1), not over the batch (dim=0)")
+BOTH_HINT = "both products use the sparsified gradient: dx = g̃ W and dW = g̃ᵀ x"
+BIAS_HINT = "the bias gradient db = Σ_i g_i comes from the full g, not from the sparsified one"
+FORWARD_HINT = "the forward pass is a plain Linear: y = x Wᵀ + b (F.linear(x, weight, bias))"
+ONE_SET_HINT = ("unified=True keeps one index set I for the whole batch: the same k columns of g for every "
+                "example, so exactly k rows of dW are non-zero")
+INDEX_HINT = ("I holds the k largest column sums of |g| over the batch, Σ_i |g_ij| (not the signed sums Σ_i "
+              "g_ij, nor the largest single entry max_i |g_ij|)")
+ZERO_ROWS_HINT = "rows of dW outside I receive no gradient at all: exactly 0"
+DENSE_K_HINT = "k ≤ 0 or k ≥ n_out means the dense backward: dx = g W, dW = gᵀ x, db = Σ g (torch.topk refuses k > n_out)"
+NO_DX_HINT = ("when x does not require grad (ctx.needs_input_grad[0] is False), return None for dx and do "
+              "not compute it: the first layer of a network never needs it. The test frees W's storage "
+              "after the forward pass; only dx reads W")
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _inputs(B: int, n_in: int, n_out: int, seed: int, bias: bool = True):
+    g = _gen(seed)
+    x, w = torch.randn(B, n_in, generator=g), torch.randn(n_out, n_in, generator=g) / n_in ** 0.5
+    b = torch.randn(n_out, generator=g) if bias else None
+    return x, w, b
+
+
+def _per_example_grad(B: int, n_out: int, seed: int) -> torch.Tensor:
+    """Normal entries, the negative ones below −0.8 tripled: the largest magnitudes are mostly negative."""
+    g = torch.randn(B, n_out, generator=_gen(seed))
+    return torch.where(g < -0.8, 3 * g, g)
+
+
+def _unified_grad(B: int, n_out: int, seed: int) -> torch.Tensor:
+    """Column j has Σ_i |g_ij| = s_j, the s_j distinct and 0.25 apart; each column's mass sits on a few
+    entries (cubed uniforms) with random signs, so the order of the column sums differs from the order of
+    the signed sums and of the column maxima."""
+    gen = _gen(seed)
+    sums = 1.0 + 0.25 * torch.randperm(n_out, generator=gen).double()  # (n_out,)
+    mass = torch.rand(B, n_out, generator=gen, dtype=torch.float64) ** 3 + 1e-3
+    signs = torch.where(torch.rand(B, n_out, generator=gen) < 0.5, -1.0, 1.0).double()
+    return (signs * mass / mass.sum(0) * sums).float()
+
+
+def _top_rows(g: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.zeros_like(g).scatter(1, g.abs().topk(k, dim=1).indices, g.gather(1, g.abs().topk(k, dim=1).indices))
+
+
+def _run(nb, x, w, b, g, k, unified, **kw) -> dict:
+    return fetch(nb.apply(probes.ch06_linear_run, nb.meprop_linear, x, w, b, g, k, unified, **kw))
+
+
+def _where(B, n_in, n_out, k, unified, bias=True) -> str:
+    kind = "unified" if unified else "per-example"
+    return (f"meprop_linear on x ({B}, {n_in}), W ({n_out}, {n_in}){'' if bias else ', no bias'}, k={k}, {kind}")
+
+
+def _check_call(got: dict, x, w, b, where: str) -> None:
+    if got["type"] != "Tensor":
+        raise AssertionError(f"{where} returned {got['type']}: it returns y, a tensor")
+    ref = F.linear(x.double(), w.double(), None if b is None else b.double()).float()
+    check_close(got["y"], ref, f"the output of {where}", FORWARD_HINT, atol=1e-5, rtol=1e-5)
+    if not got["attached"]:
+        raise AssertionError(f"{where}: y is not attached to the autograd graph (no grad_fn); return the output "
+                             "of your Function's apply")
+    if got.get("error"):
+        err = got["error"]
+        raise AssertionError(f"{where}: backward raised {err['types'][0]}: {err['message']}")
+
+
+def _matches(got, candidate) -> bool:
+    return (isinstance(got, torch.Tensor) and got.shape == candidate.shape
+            and torch.allclose(got.double(), candidate.double(), **TOL))
+
+
+def _grad_check(got, ref, name: str, where: str, hint: str, mistakes: dict) -> None:
+    """check_close, with the hint of the first known mistake whose result ``got`` equals."""
+    if got is None:
+        raise AssertionError(f"{where}: no gradient reached {name}. Return it from backward")
+    if not _matches(got, ref):
+        for mistake_hint, candidate in mistakes.items():
+            if candidate is not None and _matches(got, candidate):
+                hint = mistake_hint
+                break
+    check_close(got, ref.float(), f"{name} for {where}", hint, **TOL)
+
+
+def _linear_grads(gt: torch.Tensor, x, w) -> tuple[torch.Tensor, torch.Tensor]:
+    gt, x, w = gt.double(), x.double(), w.double()
+    return gt @ w, gt.t() @ x
+
+
+# --- meprop_linear: per-example values ---------------------------------------------------------------
+@hidden_test("test_meprop_linear_values")
+def check_values(nb):
+    cases = [(37, 29, 53, 8, 1), (37, 29, 53, 1, 2), (37, 29, 53, 52, 3), (37, 29, 53, 20, 4), (6, 40, 9, 4, 5),
+             (6, 40, 9, 1, 6)]
+    for B, n_in, n_out, k, seed in cases:
+        x, w, b = _inputs(B, n_in, n_out, seed)
+        g = _per_example_grad(B, n_out, seed + 100)
+        where = _where(B, n_in, n_out, k, False)
+        got = _run(nb, x, w, b, g, k, False)
+        _check_call(got, x, w, b, where)
+        dx, dw = _linear_grads(_top_rows(g, k), x, w)
+        signed = torch.zeros_like(g).scatter(1, g.topk(k, dim=1).indices, g.gather(1, g.topk(k, dim=1).indices))
+        dx_s, dw_s = _linear_grads(signed, x, w)
+        dx_c = dw_c = None
+        if k <= B:  # top-k over the batch axis: per column
+            cols = torch.zeros_like(g).scatter(0, g.abs().topk(k, dim=0).indices,
+                                               g.gather(0, g.abs().topk(k, dim=0).indices))
+            dx_c, dw_c = _linear_grads(cols, x, w)
+        dx_d, dw_d = _linear_grads(g, x, w)
+        _grad_check(got["dx"], dx, "dx", where, MAGNITUDE_HINT,
+                    {MAGNITUDE_HINT: dx_s, ROW_HINT: dx_c, BOTH_HINT: dx_d})
+        _grad_check(got["dW"], dw, "dW", where, MAGNITUDE_HINT,
+                    {MAGNITUDE_HINT: dw_s, ROW_HINT: dw_c, BOTH_HINT: dw_d})
+        _grad_check(got["db"], g.double().sum(0), "db", where, BIAS_HINT, {})
+
+
+# --- meprop_linear: unified ------------------------------------------------------------------------
+def _unified_index(g: torch.Tensor, k: int) -> torch.Tensor:
+    return g.double().abs().sum(0).topk(k).indices
+
+
+def _check_unified_grads(got: dict, x, w, b, g, k, where: str) -> torch.Tensor:
+    index = _unified_index(g, k)
+    dW = got["dW"]
+    if dW is None:
+        raise AssertionError(f"{where}: no gradient reached dW. Return it from backward")
+    if not isinstance(dW, torch.Tensor) or dW.shape != w.shape:
+        raise AssertionError(f"{where}: dW has shape {getattr(dW, 'shape', None)}, expected {tuple(w.shape)}: dW is "
+                             "the full (n_out, n_in) gradient, zero outside rows I")
+    nonzero = (dW != 0).any(dim=1).nonzero().flatten()
+    if nonzero.numel() > k:
+        raise AssertionError(f"{where}: {nonzero.numel()} rows of dW are non-zero, at most k={k} may be. "
+                             f"{ONE_SET_HINT}")
+    wanted = set(index.tolist())
+    if not set(nonzero.tolist()) <= wanted:
+        raise AssertionError(f"{where}: dW has non-zero rows {sorted(set(nonzero.tolist()) - wanted)} outside the "
+                             f"index set I = {sorted(wanted)}. {INDEX_HINT}")
+    g64 = g.double()
+    rows = torch.zeros_like(w, dtype=torch.float64).index_copy(0, index, g64[:, index].t() @ x.double())
+    _grad_check(dW, rows, "dW", where, ZERO_ROWS_HINT, {})
+    _grad_check(got["dx"], g64[:, index] @ w.double()[index], "dx", where, INDEX_HINT,
+                {BOTH_HINT: g64 @ w.double()})
+    if b is not None:
+        _grad_check(got["db"], g64.sum(0), "db", where, BIAS_HINT, {})
+    return index
+
+
+@hidden_test("test_meprop_linear_unified")
+def check_unified(nb):
+    for B, n_in, n_out, k, seed in [(37, 29, 53, 8, 11), (37, 29, 53, 1, 12), (37, 29, 53, 20, 13),
+                                    (37, 29, 53, 52, 14), (6, 40, 9, 3, 15)]:
+        x, w, b = _inputs(B, n_in, n_out, seed)
+        g = _unified_grad(B, n_out, seed + 100)
+        where = _where(B, n_in, n_out, k, True)
+        got = _run(nb, x, w, b, g, k, True)
+        _check_call(got, x, w, b, where)
+        _check_unified_grads(got, x, w, b, g, k, where)
+
+
+# --- meprop_linear: compacted products ---------------------------------------------------------------
+@hidden_test("test_meprop_linear_compute")
+def check_compute(nb):
+    B, n_in, n_out = 37, 29, 53
+    for k, seed in ((8, 21), (20, 22)):
+        x, w, b = _inputs(B, n_in, n_out, seed)
+        g = _unified_grad(B, n_out, seed + 100)
+        index = _unified_index(g, k)
+        outside = torch.ones(n_out, dtype=torch.bool)
+        outside[index] = False
+        w_poisoned = w.clone()
+        w_poisoned[outside] = float("nan")  # rows a compacted backward never reads
+        x_poisoned = x.clone()
+        x_poisoned[3, 5] = float("inf")  # reaches dW only through g[3, j] · x[3, 5]
+        where = (f"meprop_linear(x, W, b, k={k}, unified=True) on x ({B}, {n_in}) with x[3, 5] = inf and W ({n_out}, "
+                 f"{n_in}) whose rows outside I are NaN")
+        got = _run(nb, x_poisoned, w_poisoned, b, g, k, True)
+        if got["type"] != "Tensor" or not got["attached"]:
+            raise AssertionError(f"{where}: returned {got['type']}{'' if got['attached'] else ' without grad_fn'}")
+        if got.get("error"):
+            raise AssertionError(f"{where}: backward raised {got['error']['types'][0]}: {got['error']['message']}")
+        compact = 2 * (2 * B * k * n_in)
+        flops = f"(your backward ran {got['backward_flops']:,} FLOPs; the two compacted products cost {compact:,})"
+        dx, dW = got["dx"], got["dW"]
+        if not isinstance(dx, torch.Tensor) or not isinstance(dW, torch.Tensor):
+            raise AssertionError(f"{where}: dx or dW is missing")
+        if torch.isnan(dx).any():
+            raise AssertionError(
+                f"{where}: dx contains NaN, so your backward multiplied rows of W outside I (0 · NaN = NaN): it "
+                f"computed a dense product with zeroed columns of g {flops}. Compute dx = g[:, I] @ W[I, :] from "
+                "the compacted (B, k) matrix g[:, I] and the k gathered rows of W")
+        if torch.isnan(dW[outside]).any() or (dW[outside] != 0).any():
+            raise AssertionError(
+                f"{where}: rows of dW outside I are not exactly 0 (NaN: 0 · inf), so your backward computed all "
+                f"n_out rows of gᵀ x with zeroed columns of g {flops}. Compute the k rows g[:, I]ᵀ x and write them "
+                "into rows I of a zero matrix (index_copy)")
+        g64 = g.double()
+        ref_dx = g64[:, index] @ w.double()[index]
+        check_close(dx, ref_dx.float(), f"dx for {where}", INDEX_HINT, **TOL)
+        ref_rows = g64[:, index].t() @ x_poisoned.double()  # column 5: ±inf
+        got_rows = dW[index].double()
+        finite = torch.ones(n_in, dtype=torch.bool)
+        finite[5] = False
+        check_close(got_rows[:, finite].float(), ref_rows[:, finite].float(), f"dW[I] for {where}", INDEX_HINT, **TOL)
+        if not torch.equal(got_rows[:, 5], ref_rows[:, 5]):
+            raise AssertionError(f"{where}: column 5 of dW[I] should be ±inf (g[3, I] · inf), got "
+                                 f"{got_rows[:, 5].tolist()}")
+        check_close(got["db"], g64.sum(0).float(), f"db for {where}", BIAS_HINT, **TOL)
+
+
+# --- meprop_linear: edge cases -----------------------------------------------------------------------
+@hidden_test("test_meprop_linear_edge_cases")
+def check_edge_cases(nb):
+    B, n_in, n_out = 37, 29, 53
+    for i, (k, unified) in enumerate([(0, False), (-3, True), (n_out, False), (n_out + 7, True), (0, True),
+                                      (n_out, True)]):
+        x, w, b = _inputs(B, n_in, n_out, 30 + i)
+        g = _per_example_grad(B, n_out, 130 + i)
+        where = _where(B, n_in, n_out, k, unified)
+        got = _run(nb, x, w, b, g, k, unified)
+        _check_call(got, x, w, b, where)
+        dx, dw = _linear_grads(g, x, w)
+        _grad_check(got["dx"], dx, "dx", where, DENSE_K_HINT, {})
+        _grad_check(got["dW"], dw, "dW", where, DENSE_K_HINT, {})
+        _grad_check(got["db"], g.double().sum(0), "db", where, DENSE_K_HINT, {})
+    # x without grad: W is freed after the forward pass, so a backward that computes dx raises.
+    for i, (k, unified) in enumerate([(8, False), (8, True), (0, False), (0, True)]):
+        x, w, b = _inputs(B, n_in, n_out, 40 + i)
+        g = _unified_grad(B, n_out, 140 + i) if unified else _per_example_grad(B, n_out, 140 + i)
+        where = _where(B, n_in, n_out, k, unified) + ", x not requiring grad"
+        got = _run(nb, x, w, b, g, k, unified, x_requires_grad=False, free_weight=True)
+        if got["type"] != "Tensor" or not got["attached"]:
+            raise AssertionError(f"{where}: returned {got['type']}{'' if got['attached'] else ' without grad_fn'}")
+        if got.get("error"):
+            raise AssertionError(f"{where}: backward read W ({got['error']['types'][0]}: "
+                                 f"{got['error']['message'][:120]}). {NO_DX_HINT}")
+        if k > 0:
+            if unified:
+                index = _unified_index(g, k)
+                kept = torch.zeros_like(g).index_copy(1, index, g[:, index])
+            else:
+                kept = _top_rows(g, k)
+        else:
+            kept = g
+        _grad_check(got["dW"], kept.double().t() @ x.double(), "dW", where, NO_DX_HINT, {})
+        _grad_check(got["db"], g.double().sum(0), "db", where, BIAS_HINT, {})
+    # No bias.
+    for unified in (False, True):
+        x, w, _ = _inputs(6, 40, 9, 50 + unified, bias=False)
+        g = _unified_grad(6, 9, 150) if unified else _per_example_grad(6, 9, 150)
+        where = _where(6, 40, 9, 3, unified, bias=False)
+        got = _run(nb, x, w, None, g, 3, unified)
+        _check_call(got, x, w, None, where)
+        if unified:
+            _check_unified_grads(got, x, w, None, g, 3, where)
+        else:
+            dx, dw = _linear_grads(_top_rows(g, 3), x, w)
+            _grad_check(got["dx"], dx, "dx", where, MAGNITUDE_HINT, {})
+            _grad_check(got["dW"], dw, "dW", where, MAGNITUDE_HINT, {})
+    # Errors.
+    w = torch.randn(9, 5, generator=_gen(60))
+    for bad in (torch.randn(2, 6, 5, generator=_gen(61)), torch.randn(5, generator=_gen(62))):
+        names = fetch(nb.apply(probes.raised, nb.meprop_linear, bad, w, None, 3))
+        if names is None or "ValueError" not in names:
+            got = "returned" if names is None else f"raised {names[0]}"
+            raise AssertionError(f"meprop_linear on an x of shape {tuple(bad.shape)} {got}: x must be 2-D "
+                                 "(batch, features), anything else raises ValueError")
+
+
+# --- apply_meprop ------------------------------------------------------------------------------------
+def _models() -> list[tuple[str, nn.Module, int, bool | None]]:
+    """(description, model, k, unified or None for the default); built fresh on every call."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        nested = nn.Sequential(
+            nn.Sequential(nn.Linear(12, 20, bias=False), nn.ReLU(), nn.Dropout(0.1)),
+            nn.Sequential(NonDynamicallyQuantizableLinear(20, 16), nn.Tanh()),  # a subclass of nn.Linear
+            nn.Linear(16, 6))
+        listed = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8, bias=False), nn.Linear(8, 4)])
+        keyed = nn.ModuleDict(OrderedDict(enc=nn.Linear(6, 12), act=nn.ReLU(), head=nn.Linear(12, 3)))
+        single = nn.Sequential(nn.Linear(5, 3))
+        bare = nn.Linear(5, 3)
+        gpt = TinyGPT(GPTConfig())
+    return [("mlp([20, 32, 24, 10])", mlp([20, 32, 24, 10], seed=1), 5, None),
+            ("mlp([20, 32, 24, 10])", mlp([20, 32, 24, 10], seed=1), 7, True),
+            ("a nested nn.Sequential (Linear without bias, a Linear subclass, Dropout, Tanh)", nested, 3, True),
+            ("an nn.ModuleList of three Linears", listed, 2, False),
+            ("an nn.ModuleDict {enc, act, head}", keyed, 4, False),
+            ("an nn.Sequential holding one Linear", single, 2, True),
+            ("a bare nn.Linear", bare, 2, False),
+            ("TinyGPT (Linears as attributes of nested modules)", gpt, 4, True)]
+
+
+@hidden_test("test_apply_meprop")
+def check_apply_meprop(nb):
+    for what, model, k, unified in _models():
+        before = {name: type(m).__name__ for name, m in model.named_modules()}
+        linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+        hidden, output = linears[:-1], linears[-1]
+        params = [n for n, _ in model.named_parameters()]
+        call = f"apply_meprop(model, {k}{'' if unified is None else f', unified={unified}'}) on {what}"
+        got = fetch(nb.apply(probes.ch06_replace_describe, nb.apply_meprop, model, k, unified))
+        if got["returned"] != "the same model":
+            raise AssertionError(f"{call} returned {got['returned']}: apply_meprop modifies the model in place "
+                                 "and returns it")
+        found = {m["name"]: m for m in got["modules"]}
+        out = found.get(output)
+        if out is None or out["original"] != output:
+            cls = "nothing" if out is None else out["class"]
+            raise AssertionError(f"{call}: the output layer {output!r} (the last Linear) is now {cls}; it stays "
+                                 "exactly the same nn.Linear object, with its dense backward")
+        for name in hidden:
+            m = found.get(name)
+            if m is None or m["class"] != "MePropLinear":
+                raise AssertionError(
+                    f"{call}: the hidden Linear {name!r} is {'gone' if m is None else m['class']}, expected a "
+                    "MePropLinear at the same place. Walk every module, nested ones included "
+                    "(model.named_modules()), and replace each Linear but the last in its parent "
+                    "(setattr(parent, child_name, MePropLinear(layer, k, unified)))")
+            bias = f"{name}.bias" if f"{name}.bias" in params else None
+            if (m["weight"], m["bias"]) != (f"{name}.weight", bias):
+                raise AssertionError(f"{call}: the MePropLinear at {name!r} holds weight {m['weight']} and bias "
+                                     f"{m['bias']}, expected the original Parameters {name}.weight and {bias}: build "
+                                     "it from the Linear itself, MePropLinear(layer, k, unified), no copies")
+            expected = (k, bool(unified))
+            if (m["k"], m["unified"]) != expected:
+                raise AssertionError(f"{call}: the MePropLinear at {name!r} has k={m['k']!r}, unified="
+                                     f"{m['unified']!r}; expected k={k}, unified={bool(unified)} (the default is "
+                                     "unified=False)")
+        others = {n: c for n, c in before.items() if n not in hidden}
+        changed = {n: (c, found[n]["class"] if n in found else "gone") for n, c in others.items()
+                   if n not in found or found[n]["class"] != c or found[n]["original"] != n}
+        extra = sorted(set(found) - set(before))
+        if changed or extra:
+            raise AssertionError(f"{call}: modules other than the hidden Linears changed: {changed or extra}. "
+                                 "Replace the hidden Linears only, at their place, and nothing else")
+        if got["params"] != [[n, n] for n in params]:
+            raise AssertionError(f"{call}: the parameters (name after, name before) are {got['params']}; the same "
+                                 f"Parameters under the same names, in the same order, were expected: {params}")
+    names = fetch(nb.apply(probes.raised, nb.apply_meprop, nn.Sequential(nn.ReLU(), nn.Tanh()), 3))
+    if names is None or "ValueError" not in names:
+        got = "returned" if names is None else f"raised {names[0]}"
+        raise AssertionError(f"apply_meprop on a model without nn.Linear {got}: it raises ValueError")
+
+
+@hidden_test("test_apply_meprop_output_layer")
+def check_apply_meprop_output_layer(nb):
+    cases = [(mlp([20, 32, 24, 10], seed=2), 2, False), (mlp([20, 32, 24, 10], seed=2), 2, True),
+             (_models()[2][1], 1, False)]
+    for i, (model, k, unified) in enumerate(cases):
+        last = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
+        gen = _gen(70 + i)
+        h = torch.randn(7, last.in_features, generator=gen)
+        g = _per_example_grad(7, last.out_features, 80 + i)
+        call = f"apply_meprop(model, {k}, unified={unified}) on {'a nested nn.Sequential' if i == 2 else 'an MLP'}"
+        got = fetch(nb.apply(probes.ch06_output_layer_run, nb.apply_meprop, model, k, unified, h, g))
+        if not got["found"]:
+            raise AssertionError(f"{call}: {got['returned']}; the output layer (the last Linear) must stay in the "
+                                 "model, unchanged")
+        w, b = last.weight.detach().double(), last.bias.detach().double()
+        hint = (f"the output layer is now a {got['class']} whose backward is not a dense Linear's: leave the last "
+                "Linear as it is (the authors keep the output layer dense)")
+        check_close(got["y"], (h.double() @ w.t() + b).float(), f"the output layer's output after {call}", hint, **TOL)
+        for name, ref in (("dh", g.double() @ w), ("dW", g.double().t() @ h.double()), ("db", g.double().sum(0))):
+            if got[name] is None:
+                raise AssertionError(f"{call}: no gradient reached the output layer's {name}. {hint}")
+            check_close(got[name], ref.float(), f"the output layer's {name} after {call}", hint, **TOL)

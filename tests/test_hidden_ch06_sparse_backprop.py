@@ -1,0 +1,269 @@
+"""Hidden tests of chapter 6 (meProp): independent correct implementations pass, plausible wrong ones fail.
+
+In-kernel through LocalNamespace; the reference and one wrong submission per exercise also through
+the sandbox (``grader.sandbox.judge.run_checks``), as the autograder does.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from grader.api import LocalNamespace, checks_for
+from sandbox_checks import sandbox_tests
+from wrong_submissions_ch06_sparse_backprop import WRONG
+
+CHAPTER = "ch06_sparse_backprop"
+CHECKS = checks_for(CHAPTER)
+LINEAR_IDS = ("test_meprop_linear_values", "test_meprop_linear_unified", "test_meprop_linear_compute",
+              "test_meprop_linear_edge_cases")
+APPLY_IDS = ("test_apply_meprop", "test_apply_meprop_output_layer")
+
+
+# --- meprop_linear: a family, correct with the defaults ------------------------------------------------
+def make_meprop(signed=False, over_batch=False, index="abs_sum", sparse_db=False, sparse_dx=True, sparse_dw=True,
+                scatter=False, dense_dw=False, always_dx=False, dense_edges=True, check_dim=True):
+    def meprop_linear(x, weight, bias, k, unified=False):
+        if check_dim and x.dim() != 2:
+            raise ValueError("x must be 2-D")
+
+        class Fn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, w, b):
+                ctx.save_for_backward(x, w)
+                return F.linear(x, w, b)
+
+            @staticmethod
+            def backward(ctx, g):
+                x, w = ctx.saved_tensors
+                need_x = ctx.needs_input_grad[0] or always_dx
+                dense = dense_edges and (k <= 0 or k >= g.shape[1])
+                dx = dw = db = None
+                if dense or not unified:
+                    if dense:
+                        gs = g
+                    else:
+                        dim = 0 if over_batch else 1
+                        top = (g if signed else g.abs()).topk(k, dim=dim).indices
+                        gs = torch.zeros_like(g).scatter(dim, top, g.gather(dim, top))
+                    if need_x:
+                        dx = (gs if sparse_dx else g) @ w
+                    dw = (gs if sparse_dw else g).t() @ x
+                    g_bias = gs
+                else:
+                    score = {"abs_sum": g.abs().sum(0), "signed_sum": g.sum(0), "max": g.abs().amax(0)}[index]
+                    idx = score.topk(k).indices
+                    g_k = g[:, idx]
+                    g_zero = torch.zeros_like(g).index_copy(1, idx, g_k)
+                    if need_x:
+                        dx = g_zero @ w if scatter else g_k @ w[idx]
+                    if scatter or dense_dw:
+                        dw = g_zero.t() @ x
+                    else:
+                        dw = torch.zeros_like(w).index_copy(0, idx, g_k.t() @ x)
+                    g_bias = g_zero
+                if ctx.needs_input_grad[2]:
+                    db = (g_bias if sparse_db else g).sum(0)
+                return dx, dw, db
+
+        return Fn.apply(x, weight, bias)
+
+    return meprop_linear
+
+
+def meprop_linear_other(x, weight, bias, k, unified=False):
+    """Also correct, written differently: per example through a gradient hook on the bias-free product
+    (autograd's own matmul backward does the rest), unified through a Function that ranks with argsort
+    and accumulates the kept rows with index_add_."""
+    if x.ndim != 2:
+        raise ValueError(f"expected (batch, features), got {tuple(x.shape)}")
+    n_out = weight.shape[0]
+    if not 0 < k < n_out or not unified:
+        z = x.matmul(weight.T)
+        if 0 < k < n_out and z.requires_grad:
+            def sparsify(grad):
+                keep = grad.abs().argsort(dim=1, descending=True)[:, :k]
+                return torch.where(torch.zeros_like(grad, dtype=torch.bool).scatter_(1, keep, True), grad, 0.0)
+
+            z.register_hook(sparsify)
+        return z if bias is None else z + bias
+
+    class Unified(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, inp, w, b):
+            ctx.save_for_backward(inp, w)
+            out = inp.matmul(w.T)
+            return out if b is None else out + b
+
+        @staticmethod
+        def backward(ctx, grad):
+            inp, w = ctx.saved_tensors
+            sel = grad.abs().sum(dim=0).argsort(descending=True)[:k]
+            kept = grad[:, sel]
+            d_inp = kept.matmul(w[sel]) if ctx.needs_input_grad[0] else None
+            d_w = None
+            if ctx.needs_input_grad[1]:
+                d_w = grad.new_zeros(w.shape)
+                d_w.index_add_(0, sel, kept.T.matmul(inp))
+            d_b = grad.sum(dim=0) if ctx.needs_input_grad[2] else None
+            return d_inp, d_w, d_b
+
+    return Unified.apply(x, weight, bias)
+
+
+# --- apply_meprop ------------------------------------------------------------------------------------
+BACKWARD = {"meprop_linear": meprop_linear_other}  # what MePropLinear calls (a test swaps in a blank stub)
+
+
+class MePropLinear(nn.Module):
+    """The setup cell's wrapper, calling ``BACKWARD["meprop_linear"]``."""
+
+    def __init__(self, linear, k, unified=False):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight, self.bias = linear.weight, linear.bias
+        self.k, self.unified = k, unified
+
+    def forward(self, x):
+        return BACKWARD["meprop_linear"](x, self.weight, self.bias, self.k, unified=self.unified)
+
+
+def make_apply(include_output=False, top_level=False, copies=False, returns=True, drop_unified=False,
+               skip_no_bias=False, exact_type=False):
+    def apply_meprop(model, k, unified=False):
+        if top_level:
+            found = [(model, n, m) for n, m in model.named_children() if isinstance(m, nn.Linear)]
+        else:
+            found = []
+            for name, m in model.named_modules():
+                if (type(m) is nn.Linear if exact_type else isinstance(m, nn.Linear)) and name:
+                    parent, _, child = name.rpartition(".")
+                    found.append((model.get_submodule(parent), child, m))
+        if not found and not isinstance(model, nn.Linear):
+            raise ValueError("no Linear")
+        for parent, name, layer in (found if include_output else found[:-1]):
+            if skip_no_bias and layer.bias is None:
+                continue
+            if copies:
+                clone = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None)
+                clone.load_state_dict(layer.state_dict())
+                layer = clone
+            parent.register_module(name, MePropLinear(layer, k, False if drop_unified else unified))
+        return model if returns else None
+
+    return apply_meprop
+
+
+def apply_meprop_other(model, k, unified=False):
+    """Also correct, written differently: a recursive walk over named_children, add_module to replace."""
+    if isinstance(model, nn.Linear):
+        return model
+    found = []
+
+    def walk(parent):
+        for key, child in parent.named_children():
+            if isinstance(child, nn.Linear):
+                found.append((parent, key, child))
+            walk(child)
+
+    walk(model)
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no nn.Linear")
+    *hidden, _output = found
+    for parent, key, child in hidden:
+        parent.add_module(key, MePropLinear(child, k, unified=unified))
+    return model
+
+
+def namespace(**overrides) -> LocalNamespace:
+    ns = {"meprop_linear": make_meprop(), "apply_meprop": make_apply(), "MePropLinear": MePropLinear}
+    ns.update(overrides)
+    return LocalNamespace(ns)
+
+
+# --- tests -------------------------------------------------------------------------------------------
+def test_every_grade_id_has_a_check():
+    assert sorted(CHECKS) == sorted(LINEAR_IDS + APPLY_IDS)
+
+
+def test_correct_implementation_passes():
+    ns = namespace()
+    for grade_id in LINEAR_IDS + APPLY_IDS:
+        CHECKS[grade_id](ns)
+
+
+def test_other_correct_implementations_pass():
+    ns = namespace(meprop_linear=meprop_linear_other, apply_meprop=apply_meprop_other)
+    for grade_id in LINEAR_IDS + APPLY_IDS:
+        CHECKS[grade_id](ns)
+
+
+@pytest.mark.parametrize("wrong, grade_id, message", [
+    (make_meprop(signed=True), "test_meprop_linear_values", "largest magnitude"),
+    (make_meprop(over_batch=True), "test_meprop_linear_values", "per row"),
+    (make_meprop(sparse_db=True), "test_meprop_linear_values", "full g"),
+    (make_meprop(sparse_dx=False), "test_meprop_linear_values", "both products"),
+    (make_meprop(sparse_dw=False), "test_meprop_linear_values", "both products"),
+    (make_meprop(index="signed_sum"), "test_meprop_linear_unified", "column sums of |g|"),
+    (make_meprop(index="max"), "test_meprop_linear_unified", "column sums of |g|"),
+    (make_meprop(sparse_db=True), "test_meprop_linear_unified", "full g"),
+    (make_meprop(signed=True), "test_meprop_linear_unified", None),  # unified unaffected: passes below
+    (make_meprop(scatter=True), "test_meprop_linear_compute", "dense product with zeroed columns"),
+    (make_meprop(dense_dw=True), "test_meprop_linear_compute", "rows of dW outside I are not exactly 0"),
+    (make_meprop(always_dx=True), "test_meprop_linear_edge_cases", "needs_input_grad"),
+    (make_meprop(dense_edges=False), "test_meprop_linear_edge_cases", "k ≤ 0 or k ≥ n_out|out of range"),
+    (make_meprop(check_dim=False), "test_meprop_linear_edge_cases", "ValueError"),
+])
+def test_meprop_linear_rejects(wrong, grade_id, message):
+    if message is None:
+        CHECKS[grade_id](namespace(meprop_linear=wrong))
+        return
+    with pytest.raises((AssertionError, RuntimeError), match=message):  # RuntimeError: the submission's own crash
+        CHECKS[grade_id](namespace(meprop_linear=wrong))
+
+
+def test_dense_scatter_has_the_right_values_and_fails_only_on_compute():
+    """The unified variant written as a dense product with zeroed columns: right values, no saving."""
+    ns = namespace(meprop_linear=make_meprop(scatter=True))
+    for grade_id in ("test_meprop_linear_values", "test_meprop_linear_unified", "test_meprop_linear_edge_cases"):
+        CHECKS[grade_id](ns)
+    with pytest.raises(AssertionError, match="NaN"):
+        CHECKS["test_meprop_linear_compute"](ns)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (make_apply(include_output=True), "output layer"),
+    (make_apply(top_level=True), "Walk every module"),
+    (make_apply(copies=True), "original Parameters"),
+    (make_apply(returns=False), "returns it"),
+    (make_apply(drop_unified=True), "unified=True"),
+    (make_apply(skip_no_bias=True), "expected a MePropLinear"),
+    (make_apply(exact_type=True), "expected a MePropLinear"),
+])
+def test_apply_meprop_rejects(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        CHECKS["test_apply_meprop"](namespace(apply_meprop=wrong))
+
+
+def test_sparse_output_layer_fails_the_output_layer_check():
+    with pytest.raises(AssertionError, match="dense"):
+        CHECKS["test_apply_meprop_output_layer"](namespace(apply_meprop=make_apply(include_output=True)))
+
+
+def test_apply_meprop_is_graded_without_meprop_linear(monkeypatch):
+    """A correct apply_meprop keeps full marks when meprop_linear is still the blank stub."""
+    def blank(x, weight, bias, k, unified=False):
+        raise NotImplementedError
+
+    monkeypatch.setitem(BACKWARD, "meprop_linear", blank)
+    ns = namespace(meprop_linear=blank)
+    for grade_id in APPLY_IDS:
+        CHECKS[grade_id](ns)
+    with pytest.raises(NotImplementedError):  # the stub really is what the replaced layers call
+        ns.apply_meprop(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)), 1)(torch.randn(2, 3))
+
+
+# --- the same checks through the sandbox, as at autograde ------------------------------------------
+test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(
+    CHAPTER, WRONG, {"meprop_linear": "test_meprop_linear_compute", "apply_meprop": "test_apply_meprop"})
