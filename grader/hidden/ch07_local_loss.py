@@ -1,0 +1,652 @@
+"""Hidden tests of ch07_local_loss: similarity_matrix, predsim_loss, local_training_step, bp_schedule,
+dgl_schedule.
+
+Every reference is written here from the formulas (float64 autograd; the schedules by an event
+simulation in exact fractions) and compared with values fetched from the student's process.
+Nothing measured inside that process decides a point. A wrong value is diagnosed against the
+plausible mistakes (no centring, no normalisation, std over space skipped, beta on the wrong
+term, missing detach, the loss on the dropped-out output, a block waiting for the previous
+block's backward, ...) so that the message names the property that failed.
+"""
+from __future__ import annotations
+
+import copy
+from fractions import Fraction
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from coursekit.checks import check_close
+from grader import probes
+from grader.api import fetch, hidden_test
+
+TOL = dict(atol=1e-9, rtol=1e-7)  # float64 throughout: the mistakes we look for are >= 1e-3
+STEP_TOL = dict(atol=1e-7, rtol=1e-6)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _raises_value_error(nb, fn_name: str, *args) -> bool:
+    names = fetch(nb.apply(probes.raised, nb[fn_name], *args))
+    return names is not None and "ValueError" in names
+
+
+# --- similarity_matrix ------------------------------------------------------------------------------
+def _rows(h: torch.Tensor, std_over_space: bool = True) -> torch.Tensor:
+    if std_over_space and h.dim() == 4 and h.shape[1] > 3 and h.shape[2] * h.shape[3] > 1:
+        flat = h.reshape(h.shape[0], h.shape[1], -1)
+        mean = flat.mean(dim=2, keepdim=True)
+        var = ((flat - mean) ** 2).sum(dim=2) / (flat.shape[2] - 1)
+        return var.sqrt()
+    return h.reshape(h.shape[0], -1)
+
+
+def _similarity(h: torch.Tensor, centre: bool = True, normalise: bool = True, **rows) -> torch.Tensor:
+    """S(h) from the formula: rows, centred, divided by 1e-8 + norm, Gram, clamped."""
+    z = _rows(h, **rows)
+    if centre:
+        z = z - z.sum(dim=1, keepdim=True) / z.shape[1]
+    if normalise:
+        z = z / (1e-8 + (z * z).sum(dim=1, keepdim=True).sqrt())
+    return torch.clamp(z @ z.transpose(0, 1), -1.0, 1.0)
+
+
+_SIM_MISTAKES = {
+    "the rows are not centred: subtract each row's mean over its features before normalising":
+        dict(centre=False),
+    "the rows are not normalised: divide each centred row by 1e-8 + its L2 norm":
+        dict(normalise=False),
+    "neither centred nor normalised: centre each row, then divide it by 1e-8 + its norm":
+        dict(centre=False, normalise=False),
+}
+
+
+def _sim_hint(h: torch.Tensor, got: torch.Tensor, default: str) -> str:
+    for hint, kw in _SIM_MISTAKES.items():
+        if got.shape == (h.shape[0], h.shape[0]) and torch.allclose(got, _similarity(h, **kw), atol=1e-6):
+            return hint
+    return default
+
+
+def _check_similarity_call(nb, h: torch.Tensor, what: str, hint: str, grads: bool = True, **rows) -> None:
+    grad_out = torch.randn(h.shape[0], h.shape[0], generator=_gen(h.numel()), dtype=h.dtype)
+    res = fetch(nb.apply(probes.ch07_run, nb.similarity_matrix, [h], grad_out=grad_out))
+    if res["type"] != "Tensor":
+        raise AssertionError(f"{what}: similarity_matrix returned a {res['type']}, expected a (B, B) tensor")
+    if res["shape"] != [h.shape[0], h.shape[0]]:
+        raise AssertionError(f"{what}: similarity_matrix returned shape {tuple(res['shape'])}, expected "
+                             f"({h.shape[0]}, {h.shape[0]}): one similarity per pair of examples")
+    x = h.clone().requires_grad_(True)
+    ref = _similarity(x, **rows)
+    got = res["value"]
+    if not torch.allclose(got.double(), ref.detach(), **TOL):
+        check_close(got.double(), ref.detach(), f"{what}: the similarity matrix", _sim_hint(h, got.double(), hint), **TOL)
+    if not grads:
+        return
+    if not res["attached"] or res["grads"][0] is None:
+        raise AssertionError(f"{what}: no gradient reaches h: S must stay differentiable (no .detach(), "
+                             "no .item(), no numpy)")
+    ref.backward(grad_out)
+    check_close(res["grads"][0], x.grad, f"{what}: the gradient of the similarity matrix with respect to h",
+                "the values are right but the gradient is not: build S with differentiable torch operations",
+                **TOL)
+
+
+@hidden_test("test_similarity_matrix_values")
+def check_similarity_matrix_values(nb):
+    g = _gen(70)
+    flat_hint = ("a 2-D or 3-D h is flattened to (B, -1); each row is centred, divided by 1e-8 + its norm, and "
+                 "S = Z Z^T clamped to [-1, 1]")
+    cases = [
+        ("h of shape (37, 53)", torch.randn(37, 53, generator=g, dtype=torch.float64)),
+        ("h of shape (37, 53) with rows shifted and scaled",
+         torch.randn(37, 53, generator=g, dtype=torch.float64) * torch.rand(37, 1, generator=g, dtype=torch.float64) * 9
+         + torch.randn(37, 1, generator=g, dtype=torch.float64) * 5),
+        ("a 3-D h of shape (5, 2, 7)", torch.randn(5, 2, 7, generator=g, dtype=torch.float64)),
+        ("one-hot labels, 37 examples of 7 classes", F.one_hot(torch.arange(37) % 7, 7).double()),
+    ]
+    for what, h in cases:
+        _check_similarity_call(nb, h, what, flat_hint)
+
+
+@hidden_test("test_similarity_matrix_conv")
+def check_similarity_matrix_conv(nb):
+    g = _gen(71)
+    std_hint = ("a (B, C, H, W) map with C > 3 and H * W > 1 is first reduced to each channel's standard deviation "
+                "over its H * W positions, a (B, C) matrix")
+    cases = [
+        ("a conv map of shape (6, 5, 4, 3)", torch.randn(6, 5, 4, 3, generator=g, dtype=torch.float64), std_hint),
+        ("a conv map of shape (37, 7, 5, 3)", torch.randn(37, 7, 5, 3, generator=g, dtype=torch.float64) * 3 + 1,
+         std_hint),
+        ("a conv map of shape (3, 6, 1, 5) (H = 1 but H * W = 5)", torch.randn(3, 6, 1, 5, generator=g,
+                                                                              dtype=torch.float64),
+         std_hint + "; the condition is on H * W, not on H alone"),
+        ("a conv map with C = 3 channels, shape (4, 3, 5, 5)", torch.randn(4, 3, 5, 5, generator=g, dtype=torch.float64),
+         "with C <= 3 channels the map is flattened to (B, C * H * W), not reduced to stds"),
+        ("a conv map with H * W = 1, shape (4, 8, 1, 1)", torch.randn(4, 8, 1, 1, generator=g, dtype=torch.float64),
+         "with H * W = 1 there is no std over space: the map is flattened to (B, C)"),
+    ]
+    for what, h, hint in cases:
+        got = fetch(nb.apply(probes.ch07_run, nb.similarity_matrix, [h]))
+        if got.get("type") == "Tensor" and got["shape"] == [h.shape[0]] * 2 and h.shape[2] * h.shape[3] > 1 \
+                and h.shape[1] > 3:
+            value = got["value"].double()
+            if torch.allclose(value, _similarity(h, std_over_space=False), atol=1e-6):
+                raise AssertionError(f"{what}: the map was flattened. {std_hint}")
+        _check_similarity_call(nb, h, what, hint)
+
+
+@hidden_test("test_similarity_matrix_edge_cases")
+def check_similarity_matrix_edge_cases(nb):
+    g = _gen(72)
+    one = torch.randn(1, 9, generator=g, dtype=torch.float64)
+    _check_similarity_call(nb, one, "a batch of one example, shape (1, 9)", "a single example: S is (1, 1)",
+                           grads=False)
+    const = torch.randn(6, 11, generator=g, dtype=torch.float64)
+    const[2] = 4.0
+    res = fetch(nb.apply(probes.ch07_run, nb.similarity_matrix, [const]))
+    if res["type"] != "Tensor" or not torch.isfinite(res["value"]).all():
+        raise AssertionError("a batch with a constant row gave non-finite values: a constant row centres to zeros; "
+                             "divide by 1e-8 + its norm (not by the norm alone) so that it stays finite")
+    _check_similarity_call(nb, const, "a batch with a constant row", "a constant row becomes zeros: its similarities "
+                           "are 0", grads=False)
+    wide = torch.randn(37, 53, generator=g) * 1e3  # float32, large values: rounding can leave |S| > 1
+    res = fetch(nb.apply(probes.ch07_run, nb.similarity_matrix, [wide]))
+    if res["type"] != "Tensor" or res["dtype"] != "torch.float32":
+        raise AssertionError(f"a float32 h gave {res.get('dtype', res['type'])}: keep h's dtype")
+    if res["value"].abs().max() > 1:
+        raise AssertionError(f"similarities must lie in [-1, 1] (clamp the Gram matrix), got "
+                             f"{res['value'].abs().max().item():.9f}")
+    for shape in ((5,), ()):
+        if not _raises_value_error(nb, "similarity_matrix", torch.randn(shape, generator=g)):
+            raise AssertionError(f"similarity_matrix on a tensor of shape {shape} should raise ValueError: it needs a "
+                                 "batch of rows, (B, ...) with at least 2 dimensions")
+
+
+# --- predsim_loss ----------------------------------------------------------------------------------
+def _predsim(h, y, sim_head, pred_head, classes, beta, wrong: str | None = None):
+    logits = pred_head(h.reshape(h.shape[0], -1))
+    pred = -(logits.log_softmax(dim=1)[torch.arange(len(y)), y]).mean()
+    onehot = torch.zeros(len(y), classes, dtype=h.dtype)
+    onehot[torch.arange(len(y)), y] = 1
+    sim_in = h if wrong == "sim on h" else sim_head(h)
+    diff = _similarity(sim_in) - _similarity(onehot)
+    sim = (diff * diff).sum() / diff.numel()
+    if wrong == "swapped":
+        return beta * pred + (1 - beta) * sim
+    if wrong == "sum mse":
+        sim = (diff * diff).sum()
+    return (1 - beta) * pred + beta * sim
+
+
+_PREDSIM_MISTAKES = {
+    "swapped": "beta weighs the wrong term: the loss is (1 - beta) * L_pred + beta * L_sim (beta = 0.99 puts the "
+               "weight on the similarity loss)",
+    "sim on h": "the similarity loss must compare S(sim_head(h)), not S(h), with S(one-hot y)",
+    "sum mse": "L_sim is the mean squared error over the B x B entries (F.mse_loss), not their sum",
+}
+
+
+def _heads(kind: str, d: int, classes: int, seed: int, conv_channels: int = 0):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if kind == "linear":
+            sim_head, pred_head = nn.Linear(d, d, bias=False), nn.Linear(d, classes)
+        else:
+            sim_head = nn.Conv2d(conv_channels, conv_channels, 3, padding=1, bias=False)
+            pred_head = nn.Linear(d, classes)
+    return sim_head.double(), pred_head.double()
+
+
+def _check_predsim_case(nb, what, h, y, sim_head, pred_head, classes, beta, default_hint, use_default=False):
+    heads = nb.put((sim_head, pred_head))  # one message: the handles below name these two modules
+    args = (heads[0], heads[1], classes) if use_default else (heads[0], heads[1], classes, beta)
+    res = fetch(nb.apply(probes.ch07_run, nb.predsim_loss, [h, y], *args, modules=(heads[0], heads[1])))
+    if res["type"] != "Tensor" or res["shape"] != []:
+        raise AssertionError(f"{what}: predsim_loss returned {res['type']} of shape {res.get('shape')}, expected a "
+                             "0-dim tensor")
+    sh, ph = copy.deepcopy(sim_head), copy.deepcopy(pred_head)
+    x = h.clone().requires_grad_(True)
+    ref = _predsim(x, y, sh, ph, classes, beta)
+    got = res["value"].double()
+    if not torch.allclose(got, ref.detach(), **TOL):
+        hint = default_hint
+        for wrong, text in _PREDSIM_MISTAKES.items():
+            if torch.allclose(got, _predsim(h, y, sim_head, pred_head, classes, beta, wrong).detach(), **TOL):
+                hint = text
+                break
+        check_close(got, ref.detach(), f"{what}: the loss", hint, **TOL)
+    if not res["attached"]:
+        raise AssertionError(f"{what}: the loss is detached: it must back-propagate into h and both heads")
+    ref.backward()
+    grad_hint = "the value is right but a gradient is not: keep every step differentiable (no detach inside the loss)"
+    if res["grads"][0] is None:
+        raise AssertionError(f"{what}: no gradient reaches h")
+    check_close(res["grads"][0], x.grad, f"{what}: the gradient with respect to h", grad_hint, **TOL)
+    for i, module in enumerate((sh, ph)):
+        for name, p in module.named_parameters():
+            got_g = res["param_grads"][i][name]
+            label = ("sim_head", "pred_head")[i]
+            if p.grad is not None and p.grad.abs().max() > 0 and got_g is None:
+                raise AssertionError(f"{what}: {label}.{name} got no gradient: call the head inside the loss")
+            if got_g is not None and p.grad is not None:
+                check_close(got_g, p.grad, f"{what}: the gradient of {label}.{name}", grad_hint, **TOL)
+
+
+@hidden_test("test_predsim_loss_values")
+def check_predsim_loss_values(nb):
+    g = _gen(73)
+    B, D, C = 37, 53, 7
+    for beta, seed in ((0.99, 1), (0.5, 2), (0.3, 3)):
+        h = torch.randn(B, D, generator=g, dtype=torch.float64)
+        y = torch.randint(0, C, (B,), generator=g)
+        sim_head, pred_head = _heads("linear", D, C, seed)
+        _check_predsim_case(nb, f"h (37, 53), 7 classes, beta={beta}", h, y, sim_head, pred_head, C, beta,
+                            "loss = (1 - beta) * F.cross_entropy(pred_head(h.flatten(1)), y) + beta * "
+                            "F.mse_loss(S(sim_head(h)), S(one_hot(y)))")
+
+
+@hidden_test("test_predsim_loss_conv")
+def check_predsim_loss_conv(nb):
+    g = _gen(74)
+    h = torch.randn(6, 5, 4, 3, generator=g, dtype=torch.float64)
+    y = torch.tensor([0, 3, 3, 1, 6, 0])
+    sim_head, pred_head = _heads("conv", 60, 7, 5, conv_channels=5)
+    _check_predsim_case(nb, "conv h (6, 5, 4, 3), Conv2d sim head, default beta", h, y, sim_head, pred_head, 7, 0.99,
+                        "for conv maps: sim_head gets h as it is (a (B, C, H, W) map, reduced to stds inside S), "
+                        "pred_head gets h.flatten(1); beta defaults to 0.99", use_default=True)
+
+
+@hidden_test("test_predsim_loss_edge_cases")
+def check_predsim_loss_edge_cases(nb):
+    g = _gen(75)
+    B, D, C = 37, 53, 7
+    h = torch.randn(B, D, generator=g, dtype=torch.float64)
+    y = torch.randint(0, C, (B,), generator=g)
+    for beta, hint in ((0.0, "beta = 0 is the cross-entropy of pred_head alone"),
+                       (1.0, "beta = 1 is the similarity loss alone")):
+        sim_head, pred_head = _heads("linear", D, C, 6)
+        _check_predsim_case(nb, f"beta={beta}", h, y, sim_head, pred_head, C, beta, hint)
+    sim_head, pred_head = _heads("linear", D, C, 7)
+    for beta in (-0.01, 1.01, 2.0):
+        if not _raises_value_error(nb, "predsim_loss", h, y, sim_head, pred_head, C, beta):
+            raise AssertionError(f"predsim_loss(..., beta={beta}) should raise ValueError: beta lies in [0, 1]")
+    for bad_y, what in ((y[:-1], f"{B - 1} labels for {B} examples"), (y.reshape(B, 1), "labels of shape (37, 1)")):
+        if not _raises_value_error(nb, "predsim_loss", h, bad_y, sim_head, pred_head, C, 0.99):
+            raise AssertionError(f"predsim_loss with {what} should raise ValueError: y is (B,), one label per example")
+
+
+# --- local_training_step ----------------------------------------------------------------------------
+def _network(widths: list[int], classes: int, seed: int, p: float = 0.0, scales=None):
+    """ch07 probe blocks (Linear-BN-ReLU-dropout) and linear CE heads, float64."""
+    scales = scales or [1.0] * (len(widths) - 1)
+    blocks = [probes.ch07_Block(a, b, p=p, seed=seed + i).double() for i, (a, b) in enumerate(zip(widths, widths[1:]))]
+    heads = [probes.ch07_Head(b, classes, scale=s, seed=seed + 50 + i).double()
+             for i, (b, s) in enumerate(zip(widths[1:], scales))]
+    return blocks, heads
+
+
+def _optimizers(blocks, heads, spec):
+    kind, lrs = spec
+    make = {"adam": lambda ps, lr: torch.optim.Adam(ps, lr=lr),
+            "sgd": lambda ps, lr: torch.optim.SGD(ps, lr=lr, momentum=0.9)}[kind]
+    return [make([*b.parameters(), *h.parameters()], lr) for b, h, lr in zip(blocks, heads, lrs)]
+
+
+def _reference(blocks, heads, spec, batches, mode: str = "local"):
+    """Parameters and losses after training copies; mode "local" (the method), "deep" (no detach:
+    one backward of the summed losses) or "after_dropout" (the loss on the dropped-out output)."""
+    blocks, heads = copy.deepcopy(blocks), copy.deepcopy(heads)
+    opts = _optimizers(blocks, heads, spec)
+    all_losses = []
+    for x, y in batches:
+        inp, losses, total = x, [], 0
+        for j, (block, head) in enumerate(zip(blocks, heads)):
+            h, out = block(inp if mode == "deep" else inp.detach())
+            loss = head(out if mode == "after_dropout" else h, y)
+            losses.append(float(loss.detach()))
+            if mode == "deep":
+                total = total + loss
+            else:
+                params = [*block.parameters(), *head.parameters()]
+                grads = torch.autograd.grad(loss, params)
+                for p_, g_ in zip(params, grads):
+                    p_.grad = g_
+                opts[j].step()
+            inp = out
+        if mode == "deep":
+            for o in opts:
+                o.zero_grad()
+            total.backward()
+            for o in opts:
+                o.step()
+        all_losses.append(losses)
+    return blocks, heads, all_losses
+
+
+def _run_student(nb, blocks, heads, spec, batches, x_requires_grad: bool = False):
+    """Send the network and its optimizers in one message, run the steps, fetch everything."""
+    blocks, heads = copy.deepcopy(blocks), copy.deepcopy(heads)  # a copy: local runs share objects
+    state = nb.put((blocks, heads, _optimizers(blocks, heads, spec)))
+    outs = []
+    x_handles = []
+    for x, y in batches:
+        xh = nb.put(x.clone().requires_grad_(x_requires_grad))
+        x_handles.append(xh)
+        outs.append(fetch(nb.apply(probes.ch07_describe, nb.local_training_step(state[0], state[1], state[2], xh, y))))
+    tables = {f"block {j}": fetch(nb.apply(probes.param_table, state[0][j])) for j in range(len(blocks))}
+    tables.update({f"head {j}": fetch(nb.apply(probes.param_table, state[1][j])) for j in range(len(heads))})
+    x_grads = [fetch(xh.grad) for xh in x_handles]
+    return outs, tables, x_grads
+
+
+def _matches(tables, ref_blocks, ref_heads, tol=STEP_TOL) -> bool:
+    for label, modules in (("block", ref_blocks), ("head", ref_heads)):
+        for j, m in enumerate(modules):
+            for name, p in m.named_parameters():
+                got = tables[f"{label} {j}"][name]["value"]
+                if not torch.allclose(got.double(), p.detach(), **tol):
+                    return False
+    return True
+
+
+def _compare_params(what, tables, ref_blocks, ref_heads, hint):
+    for label, modules in (("block", ref_blocks), ("head", ref_heads)):
+        for j, m in enumerate(modules):
+            for name, p in m.named_parameters():
+                check_close(tables[f"{label} {j}"][name]["value"].double(), p.detach(),
+                            f"{what}: {label} {j}'s {name}", hint, **STEP_TOL)
+
+
+def _batches(n: int, B: int, d: int, classes: int, seed: int):
+    g = _gen(seed)
+    return [(torch.randn(B, d, generator=g, dtype=torch.float64), torch.randint(0, classes, (B,), generator=g))
+            for _ in range(n)]
+
+
+DETACH_HINT = ("block {j}'s update includes the losses of the blocks above it: that is deep supervision. Feed each "
+               "block the detached output of the previous one (out.detach()), so that block j learns from its own loss "
+               "only")
+
+
+@hidden_test("test_local_training_step_values")
+def check_local_training_step_values(nb):
+    cases = [  # (widths, optimizer spec, steps, seed)
+        ([13, 17, 11, 9], ("adam", [0.01, 0.02, 0.05]), 2, 1),
+        ([13, 19, 7], ("sgd", [0.1, 0.3]), 2, 2),
+        ([13, 29, 23, 17, 11], ("adam", [0.003, 0.01, 0.02, 0.04]), 1, 3),
+    ]
+    for widths, spec, steps, seed in cases:
+        blocks, heads = _network(widths, 5, seed)
+        batches = _batches(steps, 37, widths[0], 5, 100 + seed)
+        what = (f"{len(blocks)} blocks {widths}, {spec[0]} with learning rates {spec[1]}, {steps} step(s) on "
+                "batches of 37")
+        outs, tables, _ = _run_student(nb, blocks, heads, spec, batches)
+        ref_blocks, ref_heads, _ = _reference(blocks, heads, spec, batches)
+        if _matches(tables, ref_blocks, ref_heads):
+            continue
+        deep_blocks, deep_heads, _ = _reference(blocks, heads, spec, batches, mode="deep")
+        if _matches(tables, deep_blocks, deep_heads):
+            raise AssertionError(f"{what}: " + DETACH_HINT.format(j=0))
+        first = _reference(blocks, heads, spec, batches[:1])
+        one_step = _run_student(nb, blocks, heads, spec, batches[:1])[1]
+        if steps > 1 and _matches(one_step, *first[:2]):
+            hint = ("the first step is right but the second is not: gradients left by the previous call must not add "
+                    "in (zero each block's gradients before its backward)")
+        else:
+            hint = ("block j and heads[j] must be updated by optimizers[j] alone, from block j's local loss, once per "
+                    "step (each optimizer here has its own learning rate)")
+        _compare_params(what, tables, ref_blocks, ref_heads, hint)
+
+
+@hidden_test("test_local_training_step_detach")
+def check_local_training_step_detach(nb):
+    widths, spec = [13, 17, 11, 7], ("sgd", [0.05, 0.05, 0.05])
+    blocks, heads = _network(widths, 5, 11, scales=[1.0, 50.0, 50.0])  # loud losses above block 0
+    batches = _batches(1, 37, widths[0], 5, 111)
+    what = "3 blocks, the losses of blocks 1 and 2 scaled by 50"
+    _, tables, x_grads = _run_student(nb, blocks, heads, spec, batches, x_requires_grad=True)
+    if x_grads[0] is not None:
+        raise AssertionError(f"{what}: x.grad is set after the step: x is data; give blocks[0] x.detach() (and every "
+                             "later block the detached output of the one before)")
+    ref_blocks, ref_heads, _ = _reference(blocks, heads, spec, batches)
+    for j in range(len(blocks)):
+        for name, p in ref_blocks[j].named_parameters():
+            got = tables[f"block {j}"][name]["value"].double()
+            if not torch.allclose(got, p.detach(), **STEP_TOL):
+                check_close(got, p.detach(), f"{what}: block {j}'s {name} after one step", DETACH_HINT.format(j=j),
+                            **STEP_TOL)
+
+
+@hidden_test("test_local_training_step_dropout")
+def check_local_training_step_dropout(nb):
+    widths, spec = [13, 17, 11], ("sgd", [0.1, 0.1])
+    blocks, heads = _network(widths, 5, 21, p=0.5)
+    batches = _batches(2, 37, widths[0], 5, 121)
+    what = "2 blocks with dropout p = 0.5, 2 steps"
+    _, tables, _ = _run_student(nb, blocks, heads, spec, batches)
+    ref_blocks, ref_heads, _ = _reference(blocks, heads, spec, batches)
+    if _matches(tables, ref_blocks, ref_heads):
+        return
+    post_blocks, post_heads, _ = _reference(blocks, heads, spec, batches, mode="after_dropout")
+    if _matches(tables, post_blocks, post_heads):
+        raise AssertionError(f"{what}: the local loss was computed on out, the dropped-out output: heads[j] gets h, the "
+                             "activation before dropout (out is what the next block gets)")
+    _compare_params(what, tables, ref_blocks, ref_heads,
+                    "with dropout: heads[j](h, y) on h, the next block on out.detach(); call each block exactly once "
+                    "per step (these blocks draw a new dropout mask at every call)")
+
+
+@hidden_test("test_local_training_step_returns")
+def check_local_training_step_returns(nb):
+    widths, spec = [13, 17, 11, 9], ("adam", [0.01, 0.02, 0.03])
+    blocks, heads = _network(widths, 5, 31)
+    batches = _batches(2, 37, widths[0], 5, 131)
+    outs, _, _ = _run_student(nb, blocks, heads, spec, batches)
+    _, _, ref_losses = _reference(blocks, heads, spec, batches)
+    for step, (desc, ref) in enumerate(zip(outs, ref_losses)):
+        if desc["type"] != "list":
+            raise AssertionError(f"local_training_step returned a {desc['type']}, expected a list of Python floats")
+        if len(desc["items"]) != len(ref):
+            raise AssertionError(f"local_training_step returned {len(desc['items'])} losses for {len(ref)} blocks: one "
+                                 "per block")
+        kinds = sorted({item["type"] for item in desc["items"]})
+        if kinds != ["float"]:
+            raise AssertionError(f"the losses are {kinds}, expected Python floats (loss.item())")
+        check_close(torch.tensor([item["value"] for item in desc["items"]], dtype=torch.float64),
+                    torch.tensor(ref, dtype=torch.float64), f"step {step + 1}: the returned losses",
+                    "return each block's local loss as computed before its optimizer step", **STEP_TOL)
+    x, y = batches[0]
+    blocks, heads = copy.deepcopy(blocks), copy.deepcopy(heads)
+    state = nb.put((blocks, heads, _optimizers(blocks, heads, spec)))
+    for args, what in (((state[0], state[1][:2], state[2], x, y), "3 blocks and 2 heads"),
+                       ((state[0], state[1], state[2][:1], x, y), "3 blocks and 1 optimizer"),
+                       (([], [], [], x, y), "no blocks")):
+        names = fetch(nb.apply(probes.raised, nb.local_training_step, *args))
+        if names is None or "ValueError" not in names:
+            raise AssertionError(f"local_training_step with {what} should raise ValueError")
+
+
+# --- schedules ---------------------------------------------------------------------------------------
+def _simulate(fwd, bwd, T: int, method: str):
+    """Start times from an event simulation: each worker takes its next task once its inputs are ready.
+
+    Tasks of worker k, in order: for each batch, forward then backward. A forward needs the previous
+    block's forward output (both methods); a backward needs, for backprop, the gradient of the block
+    above (its backward done) or, for the last block and for DGL, only its own forward."""
+    K = len(fwd)
+    start = {}
+    free = [Fraction(0)] * K
+    for t in range(T):
+        for k in range(K):  # forwards go down the stack
+            need = start[("f", k - 1, t)] + fwd[k - 1] if k > 0 else Fraction(0)
+            start[("f", k, t)] = max(free[k], need)
+            free[k] = start[("f", k, t)] + fwd[k]
+            if method == "dgl":
+                start[("b", k, t)] = free[k]
+                free[k] = free[k] + bwd[k]
+        if method == "bp":
+            for k in reversed(range(K)):  # backwards go up
+                need = start[("b", k + 1, t)] + bwd[k + 1] if k < K - 1 else start[("f", k, t)] + fwd[k]
+                start[("b", k, t)] = max(free[k], need)
+                free[k] = start[("b", k, t)] + bwd[k]
+    return ([[start[("f", k, t)] for t in range(T)] for k in range(K)],
+            [[start[("b", k, t)] for t in range(T)] for k in range(K)])
+
+
+_SCHEDULE_CASES = [  # (fwd, bwd, T)
+    ([Fraction(3, 7)], [Fraction(5, 11)], 4),
+    ([Fraction(1, 3), Fraction(2, 5)], [Fraction(3, 4), Fraction(1, 6)], 3),
+    ([Fraction(2, 7), Fraction(9, 5), Fraction(1, 9)], [Fraction(4, 3), Fraction(1, 8), Fraction(7, 10)], 5),
+    ([Fraction(1, 2), Fraction(1, 3), Fraction(13, 4), Fraction(1, 5)],
+     [Fraction(2, 3), Fraction(5, 7), Fraction(1, 11), Fraction(3, 2)], 4),
+    ([Fraction(5, 3), Fraction(1, 7), Fraction(1, 7), Fraction(1, 7)],
+     [Fraction(1, 13), Fraction(1, 7), Fraction(4, 7), Fraction(2, 7)], 1),
+    ([Fraction(1, 4), Fraction(3, 4), Fraction(1, 4)], [Fraction(1, 4), Fraction(9, 4), Fraction(1, 4)], 2),
+]
+
+
+def _decode_exact(desc, what: str):
+    if desc.get("type") != "tuple" or len(desc["items"]) != 2:
+        raise AssertionError(f"{what}: returned a {desc.get('type')}"
+                             f"{' of ' + str(len(desc['items'])) + ' items' if desc.get('items') is not None else ''}"
+                             ", expected a tuple (F, B) of two lists")
+    out = []
+    for part, name in zip(desc["items"], "FB"):
+        if part["type"] != "list" or any(row["type"] != "list" for row in part["items"] or []):
+            raise AssertionError(f"{what}: {name} must be a list of K lists (one per block), got a {part['type']}")
+        rows = []
+        for row in part["items"]:
+            values = []
+            for item in row["items"]:
+                if "value" not in item:
+                    raise AssertionError(f"{what}: {name} holds a {item['type']}, expected numbers")
+                values.append(item)
+            rows.append(values)
+        out.append(rows)
+    return out
+
+
+def _check_schedule(nb, fn_name: str, method: str, wrong_hints: dict, default_hint: str):
+    for fwd, bwd, T in _SCHEDULE_CASES:
+        what = f"{fn_name}(fwd={[str(f) for f in fwd]}, bwd={[str(b) for b in bwd]}, n_batches={T})"
+        desc = fetch(nb.apply(probes.ch07_exact, nb[fn_name](fwd, bwd, T)))
+        got = _decode_exact(desc, what)
+        ref = _simulate(fwd, bwd, T, method)
+        K = len(fwd)
+        for part, name in zip(range(2), ("forward", "backward")):
+            if len(got[part]) != K or any(len(row) != T for row in got[part]):
+                raise AssertionError(f"{what}: {name} starts have shape {len(got[part])} x "
+                                     f"{[len(r) for r in got[part]]}, expected {K} blocks x {T} batches")
+        for part, name in zip(range(2), ("forward", "backward")):
+            for k in range(K):
+                for t in range(T):
+                    item, want = got[part][k][t], ref[part][k][t]
+                    if item["value"] == f"{want.numerator}/{want.denominator}":
+                        continue
+                    if item["type"] == "float":
+                        raise AssertionError(f"{what}: {name} start of block {k}, batch {t} is a float, {item['value']}"
+                                             f" as a fraction; expected exactly {want}. Use only + and max on the "
+                                             "durations (no float(), no division), so that Fractions stay exact")
+                    hint = default_hint
+                    for wrong, text in wrong_hints.items():
+                        alt = wrong(fwd, bwd, T)
+                        if alt is not None and _as_strings(alt) == [[[i["value"] for i in row] for row in p_]
+                                                                    for p_ in got]:
+                            hint = text
+                            break
+                    raise AssertionError(f"{what}: the {name} start of block {k} on batch {t} is {item['value']}, "
+                                         f"expected {want}. {hint}")
+
+
+def _as_strings(schedule):
+    return [[[f"{Fraction(v).numerator}/{Fraction(v).denominator}" for v in row] for row in part] for part in schedule]
+
+
+def _bp_variant(fwd, bwd, T, variant: str):
+    K = len(fwd)
+    Fs, Bs = [[Fraction(0)] * T for _ in range(K)], [[Fraction(0)] * T for _ in range(K)]
+    for t in range(T):
+        for k in range(K):
+            c = []
+            if k > 0:
+                c.append(Fs[k - 1][t] + (fwd[k] if variant == "own_fwd" else fwd[k - 1]))
+            if t > 0:
+                c.append(Fs[k][t - 1] + fwd[k] if variant == "no_update_wait" else Bs[k][t - 1] + bwd[k])
+            Fs[k][t] = max(c) if c else Fraction(0)
+        Bs[K - 1][t] = Fs[K - 1][t] + fwd[K - 1]
+        for k in range(K - 2, -1, -1):
+            Bs[k][t] = Bs[k + 1][t] + (bwd[k] if variant == "own_bwd" else bwd[k + 1])
+    return Fs, Bs
+
+
+def _dgl_variant(fwd, bwd, T, variant: str):
+    K = len(fwd)
+    Fs = [[Fraction(0)] * T for _ in range(K)]
+    for k in range(K):
+        for t in range(T):
+            c = []
+            if t > 0:
+                c.append(Fs[k][t - 1] + fwd[k] + (0 if variant == "no_own_bwd" else bwd[k]))
+            if k > 0:
+                c.append(Fs[k - 1][t] + fwd[k - 1] + (bwd[k - 1] if variant == "waits_for_bwd" else 0))
+            Fs[k][t] = max(c) if c else Fraction(0)
+    return Fs, [[Fs[k][t] + fwd[k] for t in range(T)] for k in range(K)]
+
+
+@hidden_test("test_bp_schedule_values")
+def check_bp_schedule_values(nb):
+    _check_schedule(nb, "bp_schedule", "bp", {
+        (lambda f, b, T: _bp_variant(f, b, T, "own_bwd")):
+            "off by one: block k's backward starts after block k + 1's backward, which lasts bwd[k + 1], not bwd[k]",
+        (lambda f, b, T: _bp_variant(f, b, T, "own_fwd")):
+            "off by one: block k's input is ready when block k - 1's forward ends, F[k-1][t] + fwd[k-1]",
+        (lambda f, b, T: _bp_variant(f, b, T, "no_update_wait")):
+            "a block starts its next forward only after its own backward and update of the previous batch, "
+            "B[k][t-1] + bwd[k]",
+        (lambda f, b, T: _dgl_variant(f, b, T, "none")):
+            "these are DGL's start times: in end-to-end backprop block k's backward waits for block k + 1's",
+    }, "F[k][t] = max(F[k-1][t] + fwd[k-1], B[k][t-1] + bwd[k]); B[K-1][t] = F[K-1][t] + fwd[K-1]; "
+       "B[k][t] = B[k+1][t] + bwd[k+1]")
+
+
+@hidden_test("test_dgl_schedule_values")
+def check_dgl_schedule_values(nb):
+    _check_schedule(nb, "dgl_schedule", "dgl", {
+        (lambda f, b, T: _dgl_variant(f, b, T, "waits_for_bwd")):
+            "block k waited for block k - 1's local backward: with a detached output it only needs block k - 1's "
+            "forward, F[k-1][t] + fwd[k-1]",
+        (lambda f, b, T: _dgl_variant(f, b, T, "no_own_bwd")):
+            "a block starts its next batch after its own forward *and* local backward: F[k][t-1] + fwd[k] + bwd[k]",
+        (lambda f, b, T: _bp_variant(f, b, T, "none")):
+            "these are end-to-end backprop's start times: with local losses no block waits for another's backward",
+    }, "F[k][t] = max(F[k][t-1] + fwd[k] + bwd[k], F[k-1][t] + fwd[k-1]); B[k][t] = F[k][t] + fwd[k]")
+
+
+def _check_schedule_errors(nb, fn_name: str):
+    cases = [
+        (([1, 2], [3], 2), "fwd and bwd of different lengths"),
+        (([], [], 2), "no blocks"),
+        (([1, 0], [1, 1], 2), "a forward duration of 0"),
+        (([1, 1], [1, Fraction(-1, 3)], 2), "a negative backward duration"),
+        (([1], [1], 0), "n_batches=0"),
+        (([1], [1], -2), "n_batches=-2"),
+        (([1], [1], True), "n_batches=True"),
+        (([1], [1], 2.0), "n_batches=2.0"),
+    ]
+    for args, what in cases:
+        if not _raises_value_error(nb, fn_name, *args):
+            raise AssertionError(f"{fn_name} with {what} should raise ValueError")
+
+
+@hidden_test("test_bp_schedule_errors")
+def check_bp_schedule_errors(nb):
+    _check_schedule_errors(nb, "bp_schedule")
+
+
+@hidden_test("test_dgl_schedule_errors")
+def check_dgl_schedule_errors(nb):
+    _check_schedule_errors(nb, "dgl_schedule")
