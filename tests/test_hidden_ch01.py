@@ -50,8 +50,7 @@ def make_apply_lora(lora_cls=LoRALinear, only_targets=True, freeze=True):
         for name, module in list(model.named_modules()):
             hit = any(name == t or name.endswith("." + t) for t in targets)
             if isinstance(module, nn.Linear) and (hit or not only_targets):
-                parent, _, child = name.rpartition(".")
-                setattr(model.get_submodule(parent), child, lora_cls(module, rank, alpha))
+                model.set_submodule(name, lora_cls(module, rank, alpha))
         return model
     return apply_lora
 
@@ -130,6 +129,14 @@ class BaseDetachedButTrainable(BaseNotFrozen):
         with torch.no_grad():
             y0 = self.base(x)
         return y0 + self.scaling * (x @ self.lora_A.T) @ self.lora_B.T
+
+
+class BaseListedAsFrozen(BaseNotFrozen):
+    """Lies about the base: its own named_parameters lists detached views, so requires_grad reads False."""
+
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+        for name, p in super().named_parameters(prefix, recurse, remove_duplicate):
+            yield name, (p.detach() if ".base." in f".{name}" else p)
 
 
 class NoRankCheck(LoRALinear):
@@ -237,7 +244,7 @@ def apply_lora_recursive(model, rank, alpha, targets, prefix=""):
     for name, child in list(model.named_children()):
         full = f"{prefix}{name}"
         if isinstance(child, nn.Linear) and any(full == t or full.endswith("." + t) for t in targets):
-            setattr(model, name, LoRALinear(child, rank, alpha))
+            model.register_module(name, LoRALinear(child, rank, alpha))
         else:
             apply_lora_recursive(child, rank, alpha, targets, prefix=f"{full}.")
     return model
@@ -262,6 +269,7 @@ def test_every_grade_id_has_a_check():
     (MergeInPlace, "base"),
     (BaseNotFrozen, "frozen"),
     (BaseDetachedButTrainable, "requires_grad=True"),
+    (BaseListedAsFrozen, "the tensors that train are .*base.weight"),
     (NoRankCheck, "ValueError"),
     (FloatRankAccepted, "ValueError"),
     (FreshBase, "wrap the layer you are given"),
@@ -282,6 +290,24 @@ def test_apply_lora_rejects(apply_lora, message):
         CHECKS["test_apply_lora"](namespace(apply_lora=apply_lora))
 
 
+def test_apply_lora_rejects_a_shadowed_parameter_listing():
+    """Freezes nothing and lists every parameter but lora_A/lora_B as a detached view."""
+
+    def apply_lora(model, rank, alpha, targets):
+        model = make_apply_lora(freeze=False)(model, rank, alpha, targets)
+        honest = model.named_parameters
+
+        def listing(*args, **kwargs):
+            for name, p in honest(*args, **kwargs):
+                yield name, (p if name.endswith(("lora_A", "lora_B")) else p.detach())
+
+        model.named_parameters = listing
+        return model
+
+    with pytest.raises(AssertionError, match="tensors that train"):
+        CHECKS["test_apply_lora"](namespace(apply_lora=apply_lora))
+
+
 def test_apply_lora_rejects_name_only_matching():
     """Replacing every module whose name matches, whatever its type, wraps a Conv1d too."""
 
@@ -290,10 +316,9 @@ def test_apply_lora_rejects_name_only_matching():
             p.requires_grad_(False)
         for name, module in list(model.named_modules()):
             if name and name.endswith(tuple(targets)) and hasattr(module, "weight"):
-                parent, _, child = name.rpartition(".")
                 wrapped = LoRALinear(nn.Linear(1, 1), rank, alpha)
                 wrapped.base = module
-                setattr(model.get_submodule(parent), child, wrapped)
+                model.set_submodule(name, wrapped)
         return model
 
     with pytest.raises(AssertionError, match="the layers replaced"):

@@ -4,6 +4,14 @@ Every reference below is the naive math written out with plain autograd, compute
 values fetched from the student's objects (A is random, so it is read back, never assumed).
 Non-zero LoRA B and adapter ``up`` weights are set with ``load_state_dict(..., strict=False)``,
 an ordinary method call on the student's module.
+
+What trains is decided by behaviour, never by what the module reports about itself: the judge sends
+the pretrained layer together with its own weight and bias tensors, drives SGD steps with weight
+decay on every tensor that would train (``probes.ch01_sgd_steps``: the leaves of the output's
+autograd graph, plus the sent tensors and the contract's ``lora_A``/``lora_B`` when they require
+grad or received a gradient), and compares each step's output, the final ``lora_A``/``lora_B`` and
+the untouched base tensors with its own frozen-base reference. A ``named_parameters`` that hides a
+trainable base, or a gradient zeroed by a hook, changes nothing there.
 """
 from __future__ import annotations
 
@@ -38,6 +46,61 @@ def _lora_reference(x, W0, b0, A, B, s, g) -> dict:
     y = x @ W0.double().T + b0.double() + s * (x @ A.T) @ B.T
     y.backward(g.double())
     return {"y": y.detach().float(), "dx": x.grad.float(), "dA": A.grad.float(), "dB": B.grad.float()}
+
+
+# Judge-driven training: enough steps for A to move once B is non-zero; weight decay moves any tensor
+# that requires grad, even one whose gradient is zeroed.
+TRAIN = dict(steps=3, lr=0.05, weight_decay=0.1)
+
+
+def _sgd_reference(x, W0, b0, A, B, s, g) -> list[torch.Tensor]:
+    """The outputs of TRAIN["steps"] SGD steps (with weight decay) on A and B only, base frozen; then A, B."""
+    A, B = A.double().clone(), B.double().clone()
+    outputs = []
+    for _ in range(TRAIN["steps"]):
+        A.requires_grad_(True)
+        B.requires_grad_(True)
+        y = x.double() @ W0.double().T + b0.double() + s * (x.double() @ A.T) @ B.T
+        dA, dB = torch.autograd.grad(y, (A, B), g.double())
+        with torch.no_grad():
+            A = A - TRAIN["lr"] * (dA + TRAIN["weight_decay"] * A)
+            B = B - TRAIN["lr"] * (dB + TRAIN["weight_decay"] * B)
+        outputs.append(y.detach().float())
+    return outputs + [A.float(), B.float()]
+
+
+def _check_training(nb, rank: int, alpha: float, lead: tuple, seed: int) -> None:
+    """A fresh LoRALinear trained by the judge: only lora_A and lora_B may move."""
+    base = _linear(37, 53, seed)
+    W0, b0 = base.weight.detach().clone(), base.bias.detach().clone()
+    sent = nb.put((base, [base.weight, base.bias]))  # one message: the tensors are the layer's own
+    layer = nb.LoRALinear(sent[0], rank, alpha)
+    A, B = fetch(layer.lora_A), fetch(layer.lora_B)
+    named = {"base.weight": sent[1][0], "base.bias": sent[1][1], "lora_A": layer.lora_A, "lora_B": layer.lora_B}
+    x = _randn(*lead, 37, seed=70 + seed)
+    g = _randn(*lead, 53, seed=80 + seed)
+    run = fetch(nb.apply(probes.ch01_sgd_steps, layer, named, x, g, **TRAIN))
+    what = f"LoRALinear(base, {rank}, {alpha:g}) trained by {TRAIN['steps']} SGD steps with weight decay"
+    if "error" in run:
+        raise AssertionError(f"{what}: {run['error']}")
+    for step, names in enumerate(run["updated"], start=1):
+        wrong = [n for n in names if n not in ("lora_A", "lora_B")]
+        if wrong:
+            raise AssertionError(f"{what}: at step {step} the tensors that train are {names}: "
+                                 f"{', '.join(wrong)} should not ('?' is a tensor that is neither the given layer's "
+                                 f"nor lora_A/lora_B). {FROZEN_HINT}")
+    *outputs, A_ref, B_ref = _sgd_reference(x, W0, b0, A, B, alpha / rank, g)
+    for step, (got, ref) in enumerate(zip(run["outputs"], outputs), start=1):
+        check_close(got, ref, f"{what}: the output at step {step}",
+                    f"only lora_A and lora_B may train, through base(x) + (alpha / rank) * (x @ A.T) @ B.T; "
+                    f"{FROZEN_HINT}", **TOL)
+    after = fetch(nb.apply(probes.tensor_states, sent[1]))
+    for (name, value), row in zip((("base.weight", W0), ("base.bias", b0)), after):
+        check_close(row["value"], value, f"{what}: the given layer's {name}", FROZEN_HINT, atol=0, rtol=0)
+    check_close(fetch(layer.lora_A), A_ref, f"{what}: lora_A after the steps",
+                "lora_A must be the registered parameter used in forward", **TOL)
+    check_close(fetch(layer.lora_B), B_ref, f"{what}: lora_B after the steps",
+                "lora_B must be the registered parameter used in forward", **TOL)
 
 
 def _raises_value_error(nb, *args) -> bool:
@@ -134,6 +197,8 @@ def check_lora_linear(nb):
         check_close(y_merged, y_layer, "merged(x) vs the LoRA layer's output",
                     "merging must not change what the layer computes", **TOL)
 
+        _check_training(nb, rank, alpha, lead, seed)
+
     # --- bad ranks are refused -------------------------------------------------------------
     for bad in (0, -2, 2.5):
         if not _raises_value_error(nb, _linear(37, 53, 0), bad, 1.0):
@@ -168,8 +233,10 @@ def check_apply_lora(nb):
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     wanted = sorted(n for n in linears if n == "fc1" or n.endswith((".qkv", ".fc1")))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    layers = {n: m for n, m in model.named_modules() if any(True for _ in m.parameters(recurse=False))}
 
-    result = nb.apply_lora(model, rank, alpha, targets)
+    sent = nb.put((model, list(model.parameters())))  # one message: the tensors are the model's own
+    result = nb.apply_lora(sent[0], rank, alpha, targets)
     kinds = fetch(nb.apply(probes.module_table, result))
 
     def is_lora(name: str) -> bool:
@@ -208,6 +275,47 @@ def check_apply_lora(nb):
     if abs(got_s - alpha / rank) > 1e-12:
         raise AssertionError(f"fc1.scaling is {got_s:g}, expected alpha / rank = {alpha / rank:g}: "
                              "pass rank and alpha on to LoRALinear")
+    _check_what_trains(nb, result, layers, sent[1], wanted, before)
+
+
+def _layer_input(module: nn.Module, seed: int) -> torch.Tensor:
+    if isinstance(module, nn.Embedding):
+        return torch.randint(0, module.num_embeddings, (2, 3), generator=torch.Generator().manual_seed(seed))
+    if isinstance(module, nn.Conv1d):
+        return _randn(2, module.in_channels, 5, seed=seed)
+    width = module.in_features if isinstance(module, nn.Linear) else module.normalized_shape[0]
+    return _randn(2, 3, width, seed=seed)
+
+
+def _check_what_trains(nb, result, layers: dict, tensors, wanted: list, before: dict) -> None:
+    """Every layer of the original model, reached by its path in the returned model, trained for one SGD
+    step by the judge: only the new lora_A and lora_B of the replaced layers may move."""
+    named = {name: tensors[i] for i, name in enumerate(before)}  # handles: indexed, not iterated
+    for i, (path, original) in enumerate(layers.items()):
+        handle = result
+        for part in path.split("."):
+            handle = getattr(handle, part)
+        x = _layer_input(original, seed=90 + i)
+        with torch.no_grad():
+            y = original(x)
+        mine = {n: t for n, t in named.items() if n.rpartition(".")[0] == path}  # this layer's own tensors
+        if path in wanted:
+            mine.update({f"{path}.lora_A": handle.lora_A, f"{path}.lora_B": handle.lora_B})
+        run = fetch(nb.apply(probes.ch01_sgd_steps, handle, mine, x, _randn(*y.shape, seed=120 + i), steps=1,
+                             lr=TRAIN["lr"], weight_decay=TRAIN["weight_decay"]))
+        what = f"one SGD step on {path} of the model apply_lora returned"
+        if "error" in run:
+            raise AssertionError(f"{what}: {run['error']}")
+        expected = [f"{path}.lora_A", f"{path}.lora_B"] if path in wanted else []
+        check_equal(run["updated"][0], expected, f"{what}: the list of tensors that train",
+                    "freeze every parameter of the model except the new lora_A and lora_B "
+                    "('?' is a tensor the model did not have before)")
+        check_close(run["outputs"][0], y, f"{what}: its output",
+                    "apply_lora must not change what the model computes (lora_B starts at zero)", **TOL)
+    after = fetch(nb.apply(probes.tensor_states, tensors))
+    for (name, value), row in zip(before.items(), after):
+        check_close(row["value"], value, f"the original {name} after training steps",
+                    "freeze every parameter of the model except the new lora_A and lora_B", atol=0, rtol=0)
 
 
 def _adapter_reference(x, Wd, bd, Wu, bu, g) -> dict:
