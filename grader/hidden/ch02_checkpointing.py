@@ -2,7 +2,9 @@
 
 Gradients are compared with plain autograd on a copy of the same module, run judge-side by the
 same trusted probe (``probes.ch02_run_and_trace``) with ``module(x)`` as the function. Memory is
-a claim measured in the student's process (saved bytes, an upper bound is checked); what the
+read from outside the student's process for ``checkpoint`` on a 6-layer MLP with 1.5 MiB
+activations (``grader.resources``); the saved bytes the probe measures in the student's process
+(an upper bound on small cases) explain failures and bound the chunked methods; what the
 segments are is read from *which layers run again during backward*, and in what order: each
 checkpointed chunk is recomputed as one run of consecutive layers, the last chunk first.
 """
@@ -18,6 +20,7 @@ from torch import nn
 from coursekit.checks import check_close
 from grader import probes
 from grader.api import fetch, hidden_test
+from grader.resources import fresh_tensor, held_by, mib
 
 TOL = dict(atol=1e-6, rtol=1e-6)  # recomputation runs the same kernels: gradients match to the bit
 RNG_HINT = ("with dropout the recomputed forward must draw the same mask as the first one: save "
@@ -140,6 +143,25 @@ def check_checkpoint(nb):
     x2 = _randn(4, 17, seed=14).requires_grad_(True)
     _check_segment(nb, bil, _randn(4, 13, seed=15), _randn(4, 5, seed=16), x2, x_requires_grad=False,
                    where="for nn.Bilinear with two inputs (checkpoint(bilinear, x1, x2), only x2 requiring grad)")
+    _check_held_memory(nb)
+
+
+def _check_held_memory(nb, width: int = 768, depth: int = 6, batch: int = 512) -> None:
+    """What the process holds between forward and backward, read from outside it: the input only."""
+    linear, relu = nb.put(nn.Linear), nb.put(nn.ReLU)
+    layers = [layer for _ in range(depth) for layer in (linear(width, width), relu())]
+    mlp = nb.put(nn.Sequential)(*layers)
+    del layers
+    nb.checkpoint(mlp, fresh_tensor(nb, (2, width))).sum().backward()  # first call: lazily loaded code
+    held, loss = held_by(nb, lambda: nb.checkpoint(mlp, fresh_tensor(nb, (batch, width))).sum())
+    x_bytes = batch * width * 4
+    if held.kept > 2 * x_bytes:  # the input, and less than one more activation
+        raise AssertionError(
+            f"checkpoint(mlp, x) for {depth} Linear({width}, {width}) + ReLU layers on a ({batch}, {width}) input: "
+            f"between forward and backward, with x and the output released, your process still held "
+            f"{mib(held.kept)} more than before (read from outside your process); the input is {mib(x_bytes)}, "
+            f"plain autograd keeps about {mib(2 * depth * x_bytes)}. {MEMORY_HINT}")
+    loss.backward()
 
 
 # --- uniform and block methods ------------------------------------------------------------------
@@ -229,8 +251,9 @@ def _memory(plan, act) -> int:
 
 
 def _recompute(plan, fwd) -> int:
+    """As ``checkpoint`` does it: a segment of two or more layers reruns whole; a one-layer segment runs plainly."""
     starts = list(plan) + [len(fwd)]
-    return sum(sum(fwd[a:b - 1]) for a, b in zip(starts[:-1], starts[1:]))
+    return sum(sum(fwd[a:b]) for a, b in zip(starts[:-1], starts[1:]) if b - a > 1)
 
 
 def _brute_force(act, fwd, budget):
@@ -262,7 +285,7 @@ def _pareto_optimum(act, fwd, budget):
                 if inner > peak:
                     break
                 for stored, cost in fronts[j + 1].items():
-                    s, c = stored + act[i], cost + sum(fwd[i:j])
+                    s, c = stored + act[i], cost + (sum(fwd[i:j + 1]) if j > i else 0)
                     if s <= room and c < fronts[i].get(s, float("inf")):
                         fronts[i][s] = c
             pruned, low = {}, float("inf")
