@@ -47,9 +47,10 @@ def plan_memory(plan, act_bytes):
 
 
 def plan_recompute(plan, fwd_flops):
-    """Recomputation of a checkpoint plan: every layer of each segment but its last is run again."""
+    """Recomputation of a checkpoint plan, as ``checkpoint`` does it: every layer of a segment of two or
+    more layers runs again; a one-layer segment runs without checkpoint (nothing to recompute)."""
     starts = list(plan) + [len(fwd_flops)]
-    return sum(sum(fwd_flops[a:b - 1]) for a, b in zip(starts[:-1], starts[1:]))
+    return sum(sum(fwd_flops[a:b]) for a, b in zip(starts[:-1], starts[1:]) if b - a > 1)
 
 
 # %% [markdown]
@@ -426,7 +427,8 @@ curve = {}
 for k in range(1, DEPTH + 1):
     m = measure(lambda: checkpoint_uniform(deep, x_mlp, k).sum(), *deep)
     curve[k] = {"stored": m.activation_bytes, "peak": segment_peak(deep, x_mlp, uniform_chunks(DEPTH, k)),
-                "extra_flops": m.backward_flops - base.backward_flops}
+                "extra_flops": m.backward_flops - base.backward_flops,
+                "measured_peak": m.peak_activation_bytes}  # the most held at once, recomputation included
 best_k = min(curve, key=lambda k: curve[k]["stored"] + curve[k]["peak"])
 print(f"no checkpointing: {base.activation_bytes / KB:,.0f} KB;  forward {base.forward_flops:,} FLOPs")
 for k in (1, 2, 4, 8, 16):
@@ -452,8 +454,27 @@ plt.show()
 # The two terms cross near $k = \sqrt{16} = 4$, where the total is lowest. The recomputation is one
 # forward pass at every $k$: our `checkpoint` reruns the whole segment, its last layer included.
 # (At $k = 16$ each segment is one layer: nothing inner is freed, yet everything is recomputed.
-# The worst of both worlds.)
+# The worst of both worlds; the planner of section 5 runs one-layer segments without `checkpoint`.)
 #
+# > **Your lecture notes vs what we measure: fewer checkpoints, more saving?**
+# > The lecture notes present checkpointing as if keeping fewer checkpoints always saved more
+# > memory. That holds from $k = n$ down to about $k = \sqrt n$ only. Below, the segments grow, and
+# > the one being recomputed holds all its activations again: memory rises, up to the plain step's
+# > at $k = 1$. The cell below checks it with what `measure` saw at once during each checkpointed
+# > step (`peak_activation_bytes`: the stored inputs plus the segment being recomputed).
+
+# %%
+peaks = {k: curve[k]["measured_peak"] for k in range(DEPTH, 0, -1)}  # from many checkpoints to one
+k_min = min(peaks, key=peaks.get)
+for k, p in peaks.items():
+    trend = "" if k == DEPTH else ("falls" if p < peaks[k + 1] else "rises" if p > peaks[k + 1] else "flat")
+    print(f"k={k:2}: peak {p / KB:6,.0f} KB {trend}{'   <- least memory' if k == k_min else ''}")
+print(f"fewer checkpoints save memory only down to k = {k_min} (√{DEPTH} = {math.sqrt(DEPTH):.0f}); "
+      f"at k = 1 the peak is {peaks[1] / peaks[k_min]:.1f}× the least, "
+      f"{peaks[1] / base.activation_bytes:.0%} of the plain step's {base.activation_bytes / KB:,.0f} KB")
+assert peaks[1] > peaks[k_min] < peaks[DEPTH]
+
+# %% [markdown]
 # The same holds for a transformer, with a block as a "layer": here TinyGPT with 8 blocks, the
 # embeddings and the head left outside.
 
@@ -494,10 +515,12 @@ for k in sorted({1, 2, round(math.sqrt(GPT_LAYERS)), GPT_LAYERS}):
 # stored, always containing 0; it cuts the network into segments starting at each $c \in C$. Then
 #
 # - $\text{Memory}(C) = \sum_{c \in C} \text{act}[c] + \max_{\text{segments } s} \sum_{i \in s,\, i \ne \text{first}(s)} \text{act}[i]$
-#   (the stored inputs, plus the inner inputs of the segment being recomputed);
-# - $\text{Recompute}(C) = \sum_{\text{segments } s} \sum_{i \in s,\, i \ne \text{last}(s)} \text{fwd}[i]$
-#   (the layer outputs backward needs again; the last layer's output is not needed, it is the next
-#   checkpoint, as `torch.utils.checkpoint`'s non-reentrant version exploits).
+#   (the stored inputs, plus the inner inputs of the segment being recomputed; a layer's backward
+#   is assumed to need only its input, as a Linear's does);
+# - $\text{Recompute}(C) = \sum_{\text{segments } s,\ |s| \ge 2}\ \sum_{i \in s} \text{fwd}[i]$
+#   (what your `checkpoint` does: a segment is run again whole, its last layer included; a
+#   one-layer segment needs no checkpoint at all, since its input is stored and its output is the
+#   next stored input, so it runs plainly and costs nothing extra).
 #
 # Find a plan of minimal recomputation with $\text{Memory} \le$ budget. The setup cell gives you
 # `plan_memory` and `plan_recompute`. With $2^{n-1}$ plans, brute force is out of the question beyond
@@ -507,6 +530,37 @@ for k in sorted({1, 2, round(math.sqrt(GPT_LAYERS)), GPT_LAYERS}):
 # plan starting at $j + 1$. Two such plans compete on two numbers, stored bytes and recomputation:
 # keep only those that no other plan beats on both (the Pareto front). At the end, stored $+ P \le$
 # budget.
+#
+# ### A worked example: 4 layers
+#
+# Take `act = [4, 2, 1, 3]`, `fwd = [1, 2, 1, 3]` and a budget of 8. The segment inner sizes
+# (inputs of layers $i+1 \dots j$) are 0 (one layer), 1, 2, 3, 4 and 6. Small peaks leave room for
+# stored inputs but forbid long segments: with $P \le 2$ any plan stores at least 8, more than the
+# room $8 - P$; with $P \ge 4$ the room is 4 or less, and only layer 0's input fits, which forces
+# one segment of inner size 6. So take $P = 3$, room 5, and fill the fronts from the back, each
+# entry (stored, recompute, plan):
+#
+# | start $i$ | first segments tried ($[i, j]$ with inner $\le 3$) | front after pruning (stored $\le 5$) |
+# |---|---|---|
+# | 3 | $[3]$ | (3, 0, [3]) |
+# | 2 | $[2]$ + front 3; $[2, 3]$ (inner 3, recompute $1 + 3$) | (1, 4, [2]), (4, 0, [2, 3]) |
+# | 1 | $[1]$ + front 2; $[1, 2]$ (inner 1, recompute $2 + 1$) + front 3; $[1, 3]$ has inner 4: stop | (3, 4, [1, 2]), (5, 3, [1, 3]) |
+# | 0 | $[0]$ + front 1 stores 7 or 9: too much; $[0, 1]$ (inner 2, recompute $1 + 2$) + front 2; $[0, 2]$ + front 3 stores 7 | (5, 7, [0, 2]) |
+#
+# The plan $[0, 2]$ stores 5, holds 3 while a segment is recomputed (memory 8) and recomputes all
+# four layers (7), the only plan within 8. The next cell checks the table against all $2^3$ plans,
+# with the setup cell's `plan_memory` and `plan_recompute`.
+
+# %%
+import itertools
+
+act4, fwd4 = [4, 2, 1, 3], [1, 2, 1, 3]
+print(f"{'plan':>13} {'memory':>7} {'recompute':>10}")
+for r in range(len(act4)):
+    for rest in itertools.combinations(range(1, len(act4)), r):
+        plan4 = [0, *rest]
+        fits = "  fits in 8" if plan_memory(plan4, act4) <= 8 else ""
+        print(f"{str(plan4):>13} {plan_memory(plan4, act4):7} {plan_recompute(plan4, fwd4):10}{fits}")
 
 # %% exercise="plan_checkpoints"
 def plan_checkpoints(act_bytes, fwd_flops, budget_bytes):
@@ -520,7 +574,9 @@ def plan_checkpoints(act_bytes, fwd_flops, budget_bytes):
     Returns:
         A sorted list of distinct layer indices starting with 0 (the stored layer inputs), with
         ``plan_memory(plan, act_bytes) <= budget_bytes`` and the smallest possible
-        ``plan_recompute(plan, fwd_flops)`` (any of several optimal plans will do).
+        ``plan_recompute(plan, fwd_flops)`` (any of several optimal plans will do). As with
+        ``checkpoint``, a segment of two or more layers is recomputed whole, its last layer
+        included; a one-layer segment is not recomputed.
 
     Raises:
         ValueError: if no plan fits in the budget (or the two lists differ in length).
@@ -550,9 +606,10 @@ def plan_checkpoints(act_bytes, fwd_flops, budget_bytes):
             for j in range(i, n):  # first segment [i, j]
                 if inner(i, j) > peak:
                     break  # inner sizes only grow with j
+                cost = F[j + 1] - F[i] if j > i else 0  # a one-layer segment runs without checkpoint
                 for stored, recompute, rest in fronts[j + 1]:
                     if stored + act_bytes[i] <= room:
-                        options.append((stored + act_bytes[i], recompute + F[j] - F[i], (i,) + rest))
+                        options.append((stored + act_bytes[i], recompute + cost, (i,) + rest))
             options.sort(key=lambda o: (o[0], o[1]))
             for option in options:
                 if not fronts[i] or option[1] < fronts[i][-1][1]:
@@ -600,15 +657,18 @@ from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_plan_c
 # %% [markdown]
 # ### Measure it: a network of unequal layers
 #
-# A "funnel" MLP like a CNN's feature maps: wide early layers, narrow late ones. We measure each
-# layer's input bytes and forward FLOPs with `coursekit.measure`, plan, then run the plan and check
-# that the forward pass stores exactly the planned inputs.
+# A "funnel" like a CNN's feature maps: wide early layers, narrow late ones. Its layers are plain
+# Linears, whose backward needs only their input, as the cost model assumes (a ReLU would keep its
+# output too). We measure each layer's input bytes and forward FLOPs with `coursekit.measure`, plan,
+# then run the plan, one-layer segments without `checkpoint`, and check the model against the
+# measurement: the forward pass stores exactly the planned inputs, backward recomputes exactly the
+# planned FLOPs, and the most held at once stays within the planned memory.
 
 # %%
 FUNNEL = [4, 4, 4, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1]  # width multipliers, 16 layers
 widths = [m * WIDTH // 2 for m in FUNNEL] + [WIDTH // 2]
 torch.manual_seed(0)
-funnel = [nn.Sequential(nn.Linear(a, b), nn.ReLU()) for a, b in zip(widths[:-1], widths[1:])]
+funnel = [nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:])]
 x_funnel = torch.randn(BATCH, widths[0])
 act_f, fwd_f, h = [], [], x_funnel
 for layer in funnel:
@@ -619,25 +679,34 @@ for layer in funnel:
 
 
 def run_plan(layers, x, plan):
+    """Each segment of the plan under ``checkpoint``; a one-layer segment runs plainly."""
     bounds = list(plan) + [len(layers)]
     for a, b in zip(bounds[:-1], bounds[1:]):
-        x = checkpoint(nn.Sequential(*layers[a:b]), x)
+        x = layers[a](x) if b - a == 1 else checkpoint(nn.Sequential(*layers[a:b]), x)
     return x
 
 
+funnel_plain = measure(lambda: run_plain(funnel, x_funnel).sum(), *funnel)
 budget = plan_memory([0, 4, 8, 12], act_f)
 plan = plan_checkpoints(act_f, fwd_f, budget)
 m = measure(lambda: run_plan(funnel, x_funnel, plan).sum(), *funnel)
-print(f"budget {budget / KB:,.0f} KB -> plan {plan}: memory {plan_memory(plan, act_f) / KB:,.0f} KB, "
-      f"recompute {plan_recompute(plan, fwd_f) / sum(fwd_f):.0%} of a forward")
-print(f"stored inputs planned: {sum(act_f[c] for c in plan) / KB:,.0f} KB, measured: {m.activation_bytes / KB:,.0f} KB")
+measured_recompute = m.backward_flops - funnel_plain.backward_flops
+print(f"budget {budget / KB:,.0f} KB -> plan {plan}")
+print(f"stored inputs   planned {sum(act_f[c] for c in plan) / KB:7,.0f} KB, measured {m.activation_bytes / KB:7,.0f} KB")
+print(f"recompute       planned {plan_recompute(plan, fwd_f):11,} FLOPs, measured {measured_recompute:11,} FLOPs "
+      f"({measured_recompute / sum(fwd_f):.0%} of a forward)")
+print(f"memory          planned {plan_memory(plan, act_f) / KB:7,.0f} KB, measured peak {m.peak_activation_bytes / KB:7,.0f} KB")
+assert m.activation_bytes == sum(act_f[c] for c in plan) and measured_recompute == plan_recompute(plan, fwd_f)
+assert m.peak_activation_bytes <= plan_memory(plan, act_f)
 
 # %% [markdown]
 # ## 6. Play with it
 #
 # Move the memory budget. Left: which layer inputs each method stores (the optimal plan, the best
 # uniform $k$ and the best block size that fit the budget), with memory and recomputation. Right:
-# recomputation against budget for the three methods (the planner's cost model, as in section 5).
+# recomputation against budget for the three methods. All three are plans run by `run_plan` and
+# costed by `plan_memory` and `plan_recompute`, the model that section 5 checked against
+# measurement.
 
 # %% tags=["demo"]
 def best_fixed(plans, budget):
@@ -721,15 +790,36 @@ lines = [f"| {name} | {m.activation_bytes / KB:,.0f} KB "
          f"| {ms:.1f} ms ({ms / base_ms - 1:+.0%}) |" for name, (m, ms) in rows.items()]
 display(Markdown("| variant | saved in forward | forward + backward FLOPs | time (CPU) |\n|---|---|---|---|\n"
                  + "\n".join(lines)))
+ours_m, ours_ms = rows["ours"]
+print(f"ours: {ours_m.total_flops / base_m.total_flops - 1:+.0%} FLOPs, {ours_ms / base_ms - 1:+.0%} CPU time")
+
+
+def funnel_recompute(ckpt) -> int:
+    """Recomputed FLOPs of section 5's plan on the all-Linear funnel, with checkpoint function ``ckpt``."""
+    bounds = list(plan) + [len(funnel)]
+
+    def step():
+        x = x_funnel
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            x = funnel[a](x) if b - a == 1 else ckpt(nn.Sequential(*funnel[a:b]), x)
+        return x.sum()
+    return measure(step, *funnel).backward_flops - funnel_plain.backward_flops
+
+
+early_stop = funnel_recompute(lambda f, x: torch_ckpt.checkpoint(f, x, use_reentrant=False))
+print(f"funnel plan {plan}: recompute planned {plan_recompute(plan, fwd_f):,} FLOPs, ours "
+      f"{funnel_recompute(checkpoint):,}, torch non-reentrant {early_stop:,} (it skips each segment's last Linear)")
 
 # %% [markdown]
-# All three keep the same 4 segment inputs and pay one extra forward (+33% FLOPs, since backward
-# costs about two forwards). Ours and the reentrant version are the same algorithm. The
-# non-reentrant version stops each recomputation as soon as it has regenerated the last tensor
-# backward needs; here every segment ends with a ReLU whose saved output is needed, so nothing is
-# skipped (a segment ending in a Linear would skip that Linear: the cost model of section 5). The time
-# overhead on this CPU is larger than the FLOP overhead: at these sizes the extra kernel launches,
-# allocations and Python-level `autograd.Function` calls weigh too (and timings vary between runs).
+# All three keep the same 4 segment inputs and pay one extra forward, about a third of forward +
+# backward since backward costs about two forwards (the FLOPs column). Ours and the reentrant
+# version are the same algorithm. The non-reentrant version stops each recomputation as soon as it
+# has regenerated the last tensor backward needs; here every segment ends with a ReLU whose saved
+# output is needed, so nothing is skipped. On the all-Linear funnel it skips each segment's last
+# Linear (the last line above): a smarter recomputation than ours, and a cheaper cost model than the
+# planner's, which charges what our `checkpoint` does. Compare the time overhead with the FLOP
+# overhead (the line below the table): at these sizes the extra kernel launches, allocations and
+# Python-level `autograd.Function` calls weigh too, and timings vary between runs.
 #
 # ## 8. What the paper reports vs what we measured
 #
@@ -762,12 +852,12 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The shape agrees, the size follows depth. The saving of the $\sqrt n$ rule grows like $\sqrt n / 2$:
-# 2× for our 16 layers, about 16× for 1,000. The paper's 7× is below its own $\sqrt n$ bound because
-# a ResNet's memory is not all checkpointable feature maps (weights, gradients, workspace) and its
-# layers are not equal. The compute price matches: one extra forward is a third of forward +
-# backward, our third in FLOPs next to the paper's ~30% in time; on our small CPU model the time
-# overhead is larger than the FLOP overhead (see section 7).
+# The shape agrees, the size follows depth. The saving of the $\sqrt n$ rule grows like $\sqrt n / 2$
+# (the table's second row: our 16 layers against the paper's thousand). The paper's saving is below
+# its own $\sqrt n$ bound because a ResNet's memory is not all checkpointable feature maps (weights,
+# gradients, workspace) and its layers are not equal. The compute price matches: one extra forward
+# is a third of forward + backward, our FLOP overhead next to the paper's time overhead; on our
+# small CPU model the time overhead also carries per-call costs (see section 7).
 #
 # ## 9. Summary
 #

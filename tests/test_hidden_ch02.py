@@ -157,12 +157,13 @@ def memory(plan, act):
 
 def recompute(plan, fwd):
     starts = list(plan) + [len(fwd)]
-    return sum(sum(fwd[a:b - 1]) for a, b in zip(starts[:-1], starts[1:]))
+    return sum(sum(fwd[a:b]) for a, b in zip(starts[:-1], starts[1:]) if b - a > 1)
 
 
-def plan_exhaustive_dp(act, fwd, budget):
+def plan_exhaustive_dp(act, fwd, budget, last_layer_free=False):
     """Correct: for each peak, a forward DP over "the next segment starts at i", keeping for every
-    stored-bytes total only the cheapest prefix plan, then dropping dominated totals."""
+    stored-bytes total only the cheapest prefix plan, then dropping dominated totals.
+    ``last_layer_free`` charges a segment all its layers but the last (a wrong cost model)."""
     n = len(act)
     best = None
     for peak in sorted({sum(act[i + 1:j + 1]) for i in range(n) for j in range(i, n)}):
@@ -181,7 +182,8 @@ def plan_exhaustive_dp(act, fwd, budget):
                     inner += act[j] if j > i else 0
                     if inner > peak:
                         break
-                    s, c = stored + act[i], cost + sum(fwd[i:j])
+                    seg = sum(fwd[i:j]) if last_layer_free else (sum(fwd[i:j + 1]) if j > i else 0)
+                    s, c = stored + act[i], cost + seg
                     if s + peak <= budget and (s not in reach[j + 1] or c < reach[j + 1][s][0]):
                         reach[j + 1][s] = (c, plan + [i])
         for cost, plan in reach[n].values():
@@ -190,6 +192,12 @@ def plan_exhaustive_dp(act, fwd, budget):
     if best is None:
         raise ValueError("nothing fits")
     return best[1]
+
+
+def plan_last_layer_free(act, fwd, budget):
+    """Optimal for another cost model: a segment's last layer never recomputed (torch's non-reentrant
+    early stop), not the whole segment as ``checkpoint`` reruns it."""
+    return plan_exhaustive_dp(act, fwd, budget, last_layer_free=True)
 
 
 def plan_greedy(act, fwd, budget):
@@ -297,6 +305,7 @@ def test_checkpoint_blocks_rejects(wrong, message):
 
 @pytest.mark.parametrize("wrong, message", [
     (plan_greedy, "greedy choice is not enough"),
+    (plan_last_layer_free, "greedy choice is not enough"),
     (plan_best_uniform, "greedy choice is not enough"),
     (plan_ignores_budget, "more than the budget"),
     (plan_never_raises, "raise ValueError"),
