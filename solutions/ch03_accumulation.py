@@ -53,6 +53,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from coursekit import fast, measure
+from coursekit.measure import flop_counter
 from coursekit.report import literature_table
 from coursekit.widgets import slider_plot
 
@@ -96,20 +97,47 @@ FIXED = acts[16] - 16 * PER_SAMPLE  # what does not depend on the batch
 for b, a in acts.items():
     print(f"batch {b:4}: {a / KB:8,.1f} KB saved for backward = {PER_SAMPLE:,} bytes × {b} + {a - PER_SAMPLE * b} bytes")
     assert a == PER_SAMPLE * b + FIXED  # exactly linear
+print(f"batch-independent part: {FIXED} bytes = {FIXED // 4} fp32 value(s)")
 
 # %% [markdown]
-# Activation memory is exactly (bytes per sample) × (samples in one forward pass), plus 4
-# bytes: the scalar by which `CrossEntropyLoss` divides (the number of targets). Parameters,
-# gradients and optimiser state do not depend on the batch at all.
+# Activation memory is exactly (bytes per sample) × (samples in one forward pass), plus one
+# fp32 scalar that does not grow with the batch: the number of targets, by which
+# `CrossEntropyLoss` divides. Parameters, gradients and optimiser state do not depend on the
+# batch at all.
 #
 # ## 2. Why not just use a smaller batch?
 #
-# Because it is a different optimisation. A mini-batch gradient is an average over $B$ samples;
-# its noise shrinks like $1/\sqrt{B}$. A batch of 32 instead of 256 takes 8× noisier steps, and
-# the learning rate, warm-up and number of steps tuned for 256 no longer fit (Goyal et al. 2017
-# scale the learning rate linearly with the batch for exactly this reason). Section 5 shows the
-# two training curves side by side. What we want is the gradient of the *big* batch, computed
-# with the memory of a *small* one.
+# Because it is a different optimisation. A mini-batch gradient is an average over $B$ independent
+# samples: its variance shrinks like $1/B$, its standard deviation (the size of the noise) like
+# $1/\sqrt{B}$. A batch of 32 instead of 256 has $256/32 = 8$ times the variance, so
+# $\sqrt 8 \approx 2.8$ times the noise in standard deviation, not 8 times. Either way, the learning
+# rate, warm-up and number of steps tuned for 256 no longer fit (Goyal et al. 2017 scale the
+# learning rate linearly with the batch for exactly this reason). The next cell measures the
+# noise; section 6.2 shows the two training curves side by side.
+#
+# %%
+def gradient_noise(batch: int, draws: int, seed: int) -> float:
+    """Total variance (summed over parameters) of the mini-batch gradient at initialisation."""
+    model = make_model()
+    x, y = make_data(batch * draws, seed)
+    grads = []
+    for i in range(draws):
+        model.zero_grad()
+        loss_fn(model(x[i * batch:(i + 1) * batch]), y[i * batch:(i + 1) * batch]).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    return torch.stack(grads).var(dim=0).sum().item()
+
+
+DRAWS = fast(64, 16)  # independent batches per size
+var_small, var_big = gradient_noise(32, DRAWS, seed=10), gradient_noise(BATCH, DRAWS, seed=11)
+print(f"gradient variance, batch 32 / batch {BATCH}: {var_small / var_big:.1f}× (1/B predicts {BATCH / 32:.0f}×)")
+print(f"gradient noise (standard deviation), batch 32 / batch {BATCH}: {math.sqrt(var_small / var_big):.2f}× "
+      f"(1/√B predicts {math.sqrt(BATCH / 32):.2f}×)")
+
+# %% [markdown]
+# The estimates come from a few dozen batches, so they scatter around the prediction by some
+# percent; the scaling is the point: 8 times the variance is less than 3 times the noise. What we
+# want is the gradient of the *big* batch, computed with the memory of a *small* one.
 #
 # ## 3. The idea
 #
@@ -132,7 +160,7 @@ for b, a in acts.items():
 #   five samples.
 # - **Call `backward()` per micro-batch.** Summing the $k$ losses first and calling `backward()`
 #   once gives the right gradient but keeps all $k$ graphs, with all their activations, alive at
-#   the same time: no memory saved (measured in section 5).
+#   the same time: no memory saved (measured in section 6.1).
 # - **Keep only a detached number for logging.** Adding up the losses *with* their graphs has the
 #   same effect: every micro-batch's activations stay reachable.
 #
@@ -316,7 +344,7 @@ act_bytes = {m: activation_bytes(model, x_batch[:m], y_batch[:m]) for m in MICRO
 for m in MICRO_SIZES:
     print(f"micro-batch {m:4} ({BATCH // m:3} forwards per step): {act_bytes[m] / KB:8,.1f} KB of activations "
           f"= {act_bytes[m] / act_bytes[BATCH]:6.2%} of the full batch (m / B = {m / BATCH:6.2%})")
-    assert act_bytes[m] == PER_SAMPLE * m + FIXED  # per-sample bytes × micro-batch, plus the 4-byte scalar
+    assert act_bytes[m] == PER_SAMPLE * m + FIXED  # per-sample bytes × micro-batch, plus the loss's scalar
 
 
 micro_batches = [(x_batch[a:a + 32].clone(), y_batch[a:a + 32].clone()) for a in range(0, BATCH, 32)]
@@ -332,13 +360,13 @@ print(f"\nsum the 8 micro-batch losses of 32, then one backward: {summed / KB:,.
       f"({summed / act_bytes[BATCH]:.0%} of the full batch)")
 
 # %% [markdown]
-# The ratio is $m / B$ up to the loss's 4-byte scalar: every other saved tensor has the batch as
-# its first dimension. And
-# summing the losses before `backward()` saves nothing at all: the 8 graphs coexist.
+# The ratio is $m / B$ up to the loss's one batch-independent scalar: every other saved tensor
+# has the batch as its first dimension. And summing the losses before `backward()` saves nothing
+# at all: the 8 graphs coexist.
 #
 # ### 6.2 Same training, less memory (unless there is BatchNorm)
 #
-# Train four copies of the same model for the same number of steps on the same data, SGD with
+# Train five copies of the same model for the same number of steps on the same data, SGD with
 # learning rate 0.1: full batches of 256; accumulation with micro-batches of 32 (8 per step);
 # plain small batches of 32 (one step per 32 samples, same number of steps); and the
 # BatchNorm version of the model, full batch vs accumulated.
@@ -420,9 +448,19 @@ def step_time_ms(micro: int, repeats: int = fast(5, 2)) -> float:
     return 1e3 * statistics.median(times)
 
 
+def step_flops(micro: int) -> int:
+    """Forward + backward FLOPs of one accumulated step (all micro-batches)."""
+    with flop_counter() as counter:
+        accumulate_gradients(make_model(), loss_fn, x_batch, y_batch, micro)
+    return counter.get_total_flops()
+
+
 step_ms = {m: step_time_ms(m) for m in tqdm(MICRO_SIZES[::-1], desc="timing", leave=False)}
+flops = {m: step_flops(m) for m in MICRO_SIZES}
 for m in MICRO_SIZES:
-    print(f"micro-batch {m:4}: {step_ms[m]:7.1f} ms per step ({step_ms[m] / step_ms[BATCH]:5.1f}× the full batch)")
+    print(f"micro-batch {m:4}: {flops[m]:,} FLOPs, {step_ms[m]:7.1f} ms per step "
+          f"({step_ms[m] / step_ms[BATCH]:5.1f}× the full batch)")
+assert len(set(flops.values())) == 1  # the same arithmetic, cut differently
 
 # %% [markdown]
 # The FLOPs per step are identical at every micro-batch size, yet the time grows with the number
@@ -470,8 +508,10 @@ slider_plot(draw, ncols=3, figsize=(11, 3.4), log2_micro=(0, int(math.log2(BATCH
 
 # %%
 table = [
-    ("activation memory, micro-batch 32 / batch 256", "m / B = 12.5%", f"{act_bytes[32] / act_bytes[BATCH]:.1%}"),
-    ("activation memory, micro-batch 1 / batch 256", "m / B = 0.39%", f"{act_bytes[1] / act_bytes[BATCH]:.2%}"),
+    (f"activation memory, micro-batch 32 / batch {BATCH}", f"m / B = {32 / BATCH:.1%}",
+     f"{act_bytes[32] / act_bytes[BATCH]:.1%}"),
+    (f"activation memory, micro-batch 1 / batch {BATCH}", f"m / B = {1 / BATCH:.2%}",
+     f"{act_bytes[1] / act_bytes[BATCH]:.2%}"),
     ("sum losses, then one backward", "no saving", f"{summed / act_bytes[BATCH]:.0%} of the full batch"),
     (f"weights after {STEPS} steps, LayerNorm, accumulated vs full", "equal up to rounding", f"max diff {ln_diff:.1e}"),
     (f"weights after {STEPS} steps, BatchNorm, accumulated vs full", "not equal", f"max diff {bn_diff:.1e}"),
@@ -500,11 +540,14 @@ ax_eq.set_ylabel(f"max |Δ weight| after {STEPS} steps")
 ax_eq.legend(frameon=False, fontsize=8)
 fig.tight_layout()
 plt.show()
+print(f"micro-batch 1: measured {act_bytes[1]:,} bytes; m / B × the full batch's {act_bytes[BATCH]:,} bytes "
+      f"gives {act_bytes[BATCH] / BATCH:,.2f}: the {FIXED}-byte scalar is kept once per forward pass, not once per batch")
 
 # %% [markdown]
-# Both claims hold here without qualification: memory is exactly $m / B$ of the full batch
-# (our model has no batch-independent activations), and with LayerNorm accumulation is the
-# full-batch update to float32 rounding, while BatchNorm and a plain small batch are not.
+# Both claims hold here. Memory is $m / B$ of the full batch up to the loss's one
+# batch-independent scalar (section 1), which shows only at the smallest micro-batches (next
+# cell). With LayerNorm, accumulation is the full-batch update to float32 rounding, while
+# BatchNorm and a plain small batch are not.
 # The time cost depends on the machine; on our small CPU model it is mostly Python and kernel
 # overhead per forward, which is why tiny micro-batches hurt most.
 #
