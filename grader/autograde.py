@@ -9,6 +9,10 @@ What runs where (see grader/sandbox/judge.py for the threat model):
   * This process never executes student code. From each submission it takes only the
     source of the exercise cells, and from the trusted release (course/) the setup cells and
     the list of graded cells with their points.
+  * Each exercise cell's source is first read against its chapter's source policy
+    (``grader.source_policy``): a cell that breaches it is left out of the program and every
+    graded test cell of that exercise (the ones after it in the release) scores 0, with the
+    construct, its line and what to use instead as the reason.
   * Each graded cell's hidden test runs here, against a sandboxed worker process that holds
     the student's definitions (``grader.sandbox.judge.run_checks``).
   * A submission that is missing, not notebook JSON, raises, hangs or blows a limit gets
@@ -33,6 +37,7 @@ import nbformat
 from grader.feedback import write_feedback
 from grader.notebooks import COURSE, Layout, chapters, exercise_sources, layout
 from grader.sandbox.judge import Limits, Outcome, run_checks
+from grader.source_policy import refusals
 
 CSV_COLUMNS = ["student_id", "chapter", "problem", "score", "max_score"]
 STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
@@ -110,9 +115,15 @@ def grade_one(student: str, chapter: str, path: Path, lay: Layout, limits: Limit
             reason = f"the submitted file is not a valid notebook (JSON): {str(e)[:200]}"
             return Result(student, chapter, lay, _failed(lay, reason), note=reason)
         sources = exercise_sources(nb, lay.exercises)
-        program = list(lay.setup) + [src for src in sources.values() if src is not None]
+        # A cell that breaches the chapter's source policy is not run: its test cells score 0.
+        refused = refusals(chapter, lay.setup, sources)
+        program = list(lay.setup) + [src for ex, src in sources.items() if src is not None and ex not in refused]
         missing = [ex for ex, src in sources.items() if src is None]
-        outcomes = run_checks(chapter, program, [gid for gid, _ in lay.tests], limits, submission_dir=path.parent)
+        zeros = {gid: Outcome(gid, False, reason) for ex, reason in refused.items()
+                 for gid in lay.tests_of(ex)}
+        to_run = [gid for gid, _ in lay.tests if gid not in zeros]
+        outcomes = run_checks(chapter, program, to_run, limits, submission_dir=path.parent) if to_run else {}
+        outcomes.update(zeros)
         note = f"exercise cell(s) not found: {', '.join(missing)}" if missing else ""
         return Result(student, chapter, lay, outcomes, sources, note)
     except Exception as e:  # noqa: BLE001 - one broken submission must not stop the batch

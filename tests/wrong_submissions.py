@@ -51,7 +51,7 @@ def apply_lora(model, rank, alpha, targets):
         for child_name, child in list(module.named_children()):
             full = f"{name}.{child_name}" if name else child_name
             if isinstance(child, nn.Linear) and any(full.endswith(t) for t in targets):
-                setattr(module, child_name, LoRALinear(child, rank, alpha))
+                module.register_module(child_name, LoRALinear(child, rank, alpha))
     return model
 ''',
     ("ch01_lora", "Adapter"): '''

@@ -21,6 +21,14 @@ from coursekit.checks import check_close
 from grader import probes
 from grader.api import fetch, hidden_test
 from grader.resources import fresh_tensor, held_by, mib
+from grader.source_policy import Shortcut, SourcePolicy
+
+# Exercise cells may not use torch.utils.checkpoint (the text says so: section 7 compares with it).
+SOURCE_POLICY = SourcePolicy(shortcuts=(
+    Shortcut(paths=("torch.utils.checkpoint",),
+             instead="write checkpoint with your own torch.autograd.Function; section 7 compares it with "
+                     "torch.utils.checkpoint"),
+))
 
 TOL = dict(atol=1e-6, rtol=1e-6)  # recomputation runs the same kernels: gradients match to the bit
 RNG_HINT = ("with dropout the recomputed forward must draw the same mask as the first one: save "

@@ -19,6 +19,16 @@ from coursekit.checks import check_close, check_equal
 from grader import probes
 from grader.api import fetch, hidden_test
 from grader.resources import MiB, fresh_tensor, held_by, mib
+from grader.source_policy import Shortcut, SourcePolicy
+
+# round_to_bf16 works on integer bits: no bfloat16 dtype (nor autocast, whose CPU dtype is bfloat16) in
+# any exercise cell, since cells share one namespace; the course's NF4 kernel is not an answer either.
+SOURCE_POLICY = SourcePolicy(shortcuts=(
+    Shortcut(pattern=r"(?i)bfloat16|autocast",
+             instead="round with integer operations on x.view(torch.int32), as round_to_bf16's docstring says"),
+    Shortcut(paths=("kernels.ch08_quantization",),
+             instead="write nf4_dequantize with torch operations; kernels.ch08_quantization is the course's own"),
+))
 
 # The NF4 levels as published (QLoRA, Appendix E; bitsandbytes); the student's must be computed.
 NF4 = torch.tensor([

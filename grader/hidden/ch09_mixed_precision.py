@@ -22,6 +22,15 @@ from torch import nn
 from coursekit.checks import check_close, check_equal
 from grader import probes
 from grader.api import fetch, hidden_test
+from grader.source_policy import Shortcut, SourcePolicy
+
+# The GradScaler exercise is compared with torch.amp.GradScaler: wrapping or calling it is not an answer.
+SOURCE_POLICY = SourcePolicy(shortcuts=(
+    Shortcut(paths=("torch.amp.GradScaler", "torch.amp.grad_scaler", "torch.cuda.amp.GradScaler",
+                    "torch.cuda.amp.grad_scaler", "torch.cpu.amp.GradScaler", "torch.cpu.amp.grad_scaler"),
+             instead="keep the scale, the count of clean steps and the per-optimizer state yourself; "
+                     "torch.amp.GradScaler is the reference you are compared with"),
+))
 
 TOL = dict(atol=1e-6, rtol=1e-5)  # same ops on both sides; only float32 rounding may differ
 # Half-precision matmuls sum in a different order with another thread count (the sandbox runs one
