@@ -17,18 +17,7 @@ import torch
 from coursekit.checks import check_close
 from grader import probes
 from grader.api import fetch, hidden_test
-from grader.source_policy import Shortcut, SourcePolicy
-
-# Tiles by hand: no fused attention (any spelling), no NumPy (invisible to the operator trace), not the
-# course's own kernels; the Triton exercise may use triton and triton.language.
-SOURCE_POLICY = SourcePolicy(modules=("triton",), refused=("numpy",), shortcuts=(
-    Shortcut(paths=("torch.nn.functional.scaled_dot_product_attention", "torch.nn.attention"),
-             pattern=r"scaled_dot_product",
-             instead="write the tiled loop with the online softmax yourself"),
-    Shortcut(pattern=r"^numpy$", instead="compute with torch (or Triton) operations"),
-    Shortcut(paths=("kernels.ch10_flash_attention",),
-             instead="write the kernels yourself; kernels.ch10_flash_attention is the course's own answer"),
-))
+from grader.resources import fresh_tensor, held_by, mib
 
 TOL = dict(atol=2e-5, rtol=1e-4)  # float32 tiles against float64: only the summation order differs
 GRAD_TOL = dict(atol=1e-4, rtol=1e-3)
@@ -141,6 +130,22 @@ def check_flash_attention_forward(nb):
     for causal in (False, True):
         traced = _forward_case(nb, (1, 2, 100, 16), causal, 32, 16, seed=9, hint=CAUSAL_HINT if causal else TAIL_HINT)
         _check_no_nxn(traced, 100, f"in flash_attention_forward (N = 100, causal={causal})")
+    _check_peak(nb, "flash_attention_forward", 4096, lambda q, k, v: (q, k, v, False, 64, 64))
+
+
+def _check_peak(nb, fn_name: str, n: int, args, d: int = 64) -> None:
+    """The memory the process reaches while the function runs, read from outside it: no N × N tensor
+    exists at any moment, whatever the code does to hide it from the op trace above."""
+    fn = nb[fn_name]
+    fn(*args(*(fresh_tensor(nb, (1, 1, 16, d), requires_grad=False) for _ in range(3))))  # warm up
+    q, k, v = (fresh_tensor(nb, (1, 1, n, d), requires_grad=False) for _ in range(3))
+    held, _ = held_by(nb, lambda: fn(*args(q, k, v)))
+    square = n * n * 4
+    if held.peak >= square // 4:
+        raise AssertionError(
+            f"{fn_name} on (B, H, N, d) = (1, 1, {n}, {d}): while it ran, your process grew by {mib(held.peak)} "
+            f"(read from outside your process); one N × N float32 tensor is {mib(square)}, the inputs together "
+            f"{mib(3 * n * d * 4)}. {NN_HINT}")
 
 
 # --- backward ----------------------------------------------------------------------------------------
@@ -233,3 +238,4 @@ def check_flash_attention_triton(nb):
         o = traced["result"]
         o_ref, _ = _reference(q, k, v, causal)
         _close(o, o_ref, "o", where, f"{hint}; masked scores are -inf (columns ≥ N, and after the row if causal)")
+    _check_peak(nb, "flash_attention_triton", 1024, lambda q, k, v: (q, k, v, False), d=16)
