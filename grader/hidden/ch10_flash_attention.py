@@ -18,6 +18,18 @@ from coursekit.checks import check_close
 from grader import probes
 from grader.api import fetch, hidden_test
 from grader.resources import fresh_tensor, held_by, mib
+from grader.source_policy import Shortcut, SourcePolicy
+
+# Tiles by hand: no fused attention (any spelling), no NumPy (invisible to the operator trace), not the
+# course's own kernels; the Triton exercise may use triton and triton.language.
+SOURCE_POLICY = SourcePolicy(modules=("triton",), refused=("numpy",), shortcuts=(
+    Shortcut(paths=("torch.nn.functional.scaled_dot_product_attention", "torch.nn.attention"),
+             pattern=r"scaled_dot_product",
+             instead="write the tiled loop with the online softmax yourself"),
+    Shortcut(pattern=r"^numpy$", instead="compute with torch (or Triton) operations"),
+    Shortcut(paths=("kernels.ch10_flash_attention",),
+             instead="write the kernels yourself; kernels.ch10_flash_attention is the course's own answer"),
+))
 
 TOL = dict(atol=2e-5, rtol=1e-4)  # float32 tiles against float64: only the summation order differs
 GRAD_TOL = dict(atol=1e-4, rtol=1e-3)
