@@ -204,6 +204,9 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets) -> nn.Module:
     Returns:
         ``model``, in which the only parameters with ``requires_grad=True`` are the
         ``lora_A`` and ``lora_B`` of the new layers.
+
+    Replace a layer with ``model.set_submodule(name, new)``: the grader refuses ``setattr`` and
+    ``getattr`` with a computed attribute name.
     """
     ### BEGIN SOLUTION
     targets = tuple(targets)

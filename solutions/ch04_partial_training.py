@@ -294,7 +294,8 @@ print(f"the four ReLU outputs alone: {relu_fp32 / KIB:,.0f} KiB of fp32 "
 # $$\text{byte}_k = \sum_{j=0}^{7} 2^j\, m_{8k+j}, \qquad m_i = \big(\text{byte}_{\lfloor i/8 \rfloor} \gg (i \bmod 8)\big)\ \&\ 1.$$
 #
 # Tensor operations only (no Python loop over elements): `reshape`, padding, shifts (`<<`, `>>`),
-# `&`, and a sum or product over the bit dimension.
+# `&`, and a sum or product over the bit dimension. Write them yourself: the course's
+# `kernels.ch05_tinytl` (chapter 5's Triton version of this section) is refused by the grader.
 
 # %% exercise="pack_bits"
 def pack_bits(mask):

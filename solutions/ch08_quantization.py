@@ -106,7 +106,8 @@ def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
         float32 tensor of the same shape holding the bf16-rounded values: bitwise equal to
         ``x.to(torch.bfloat16).float()`` for every finite value (subnormals included, and values
         that round up to infinity) and for ±inf; a NaN stays a NaN. Work on ``x.view(torch.int32)``
-        (no conversion to bfloat16 anywhere).
+        (no conversion to bfloat16 anywhere: the grader refuses the bfloat16 dtype and autocast in
+        every exercise cell of this chapter).
     """
     ### BEGIN SOLUTION
     bits = x.view(torch.int32)
@@ -457,6 +458,8 @@ from grader.api import run_hidden; run_hidden("ch08_quantization", "test_nf4_qua
 # %% exercise="nf4_dequantize"
 def nf4_dequantize(packed: torch.Tensor, absmax: torch.Tensor, shape, block_size: int = 64) -> torch.Tensor:
     """Undo ``nf4_quantize``: codebook level of each code times its block's absmax.
+
+    With torch operations: the course's ``kernels.ch08_quantization`` is refused by the grader.
 
     Args:
         packed: ``torch.uint8`` tensor of shape (ceil(n / 2),), high nibble first.

@@ -241,7 +241,9 @@ class GradScaler:
         growth_interval: number of consecutive clean steps before S grows (a positive int).
 
     Use per iteration: ``scale(loss).backward()``, optionally ``unscale_(optimizer)``, then
-    ``step(optimizer)`` and ``update()``.
+    ``step(optimizer)`` and ``update()``. Keep the state yourself: ``torch.amp.GradScaler`` is the
+    reference you are compared with, and wrapping or calling it (or ``torch.cuda.amp.GradScaler``)
+    is refused by the grader.
     """
 
     ### BEGIN SOLUTION

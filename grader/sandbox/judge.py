@@ -57,6 +57,22 @@ Threat → defence (a determined student controls everything inside the worker):
    at 64 MiB, and on every exit path (``KeyboardInterrupt`` included) kills the worker's
    process group and every process of its uid, has the server reap it, and removes its
    directory (``supervisor.py``).
+7. *Code that defeats in-process measurement or the chapter's text* (operators hidden from the
+   dispatch-mode probes with ``_disable_current_modes``, frames walked to the worker's own
+   machinery, numpy's raw-memory interfaces, ``_posixsubprocess``, forwarding to the reference
+   ``torch.amp.GradScaler``): before anything runs, the judge reads each exercise cell's syntax
+   tree against its chapter's source policy (``grader/source_policy.py``, called by
+   ``autograde.grade_one``). The principle: what a cell can reach must be decidable from its text.
+   So every module attribute it uses is a dotted name spelled out in the source (modules cannot be
+   passed, stored or aliased; ``getattr``-style calls take only literal names; no ``eval``,
+   ``exec``, ``__import__``, ``globals``, ``vars``, ``type(name, bases, dict)``, metaclasses), and
+   an allow-list of modules (per chapter) plus refused names decides the rest: frames, tracebacks
+   and generators' internals, raw memory and storage, pickles and files, private modules and
+   library attributes, dunders beyond a short list, torch's hook tables, and each chapter's
+   forbidden shortcuts (``SOURCE_POLICY`` in its hidden module), whatever the spelling. A
+   breaching cell is left out of the program and every graded test cell of its exercise scores
+   0, with the construct, its line and what to use instead. The cost is a parse and a walk of
+   the tree, about 10 ms per exercise cell.
 
 Isolation modes, strongest first (``isolation_modes()``): ``chroot`` needs root and
 ``unshare``/``mount``. ``userns`` (unprivileged user, mount and network namespaces: no
@@ -95,6 +111,10 @@ Residual risks, stated plainly:
 * Memory beyond the address space: the workers' tmpfs (512 MiB per server) and anonymous
   files count against the machine, not ``RLIMIT_AS``; run the autograder under a memory
   cgroup (``docker --memory``) for a hard bound.
+* The source policy is static. It cannot see what trusted objects hand to the student's code
+  (a probe's wrapper passed as an argument stays the student's to call), ``str.format`` reads
+  attributes into text, and a Triton kernel's pointers are raw addresses under the interpreter.
+  Hidden checks still treat in-process measurements as claims.
 * Student-chosen exception messages (500 characters, printable only) are shown back to that
   student; they cannot contain what the worker cannot read.
 """
