@@ -47,6 +47,25 @@ def check_close(actual, expected, name: str, hint: str = "", atol: float | None 
             f"rtol={rtol:g}). {hint}".strip())
 
 
+def same_close(actual, expected, atol: float = 1e-8, rtol: float = 1e-5, equal_nan: bool = False) -> bool:
+    """``torch.allclose`` that never broadcasts: False unless both are tensors of the same shape.
+
+    A value fetched from a student's process may have any shape; broadcasting a (K, 1, 1) tensor
+    against an (N, M) reference would build a K × N × M tensor before any comparison.
+    """
+    if not (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)):
+        return False
+    if actual.shape != expected.shape:
+        return False
+    return bool(torch.allclose(actual.double(), expected.double(), atol=atol, rtol=rtol, equal_nan=equal_nan))
+
+
+def same_values(actual, expected) -> bool:
+    """``torch.equal`` for values fetched from a student's process: same shape and values, no broadcasting."""
+    return (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)
+            and actual.shape == expected.shape and bool(torch.equal(actual, expected)))
+
+
 def check_equal(actual, expected, name: str, hint: str = "") -> None:
     """Assert exact equality of plain values (ints, dicts of ints, strings)."""
     if actual != expected:

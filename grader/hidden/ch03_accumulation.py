@@ -17,7 +17,7 @@ import copy
 import torch
 from torch import nn
 
-from coursekit.checks import check_close
+from coursekit.checks import check_close, same_close
 from grader import probes
 from grader.api import fetch, hidden_test
 from grader.sandbox.rpc import StudentError
@@ -122,7 +122,7 @@ def _diagnose(model, loss_fn, x, y, m: int, got: dict) -> str:
     }
     for chunks, hint in wrong.values():
         ref, _ = _weighted_grads(model, loss_fn, x, y, chunks)
-        if all(torch.allclose(got[k].double(), ref[k].double(), **TOL) for k in ref if got.get(k) is not None):
+        if all(same_close(got[k].double(), ref[k].double(), **TOL) for k in ref if got.get(k) is not None):
             return hint
     return WEIGHT_HINT
 
@@ -177,7 +177,7 @@ def check_accumulate_gradients(nb):
                                      f"through the model you are given. {SPLIT_HINT}")
         hint = None
         for name in ref:
-            if not torch.allclose(got[name].double(), ref[name].double(), **TOL):
+            if not same_close(got[name].double(), ref[name].double(), **TOL):
                 hint = hint or _diagnose(model, loss_fn, x, y, m, got)
                 check_close(got[name], ref[name], f"{what}: the gradient of {name}", hint, **TOL)
         _check_loss_value(desc, ref_loss, f"{what}: the returned loss")

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from coursekit.checks import check_close, check_equal
+from coursekit.checks import check_close, check_equal, same_values
 from coursekit.transfer import TransferCNN
 from grader import probes
 from grader.api import fetch, hidden_test
@@ -173,10 +173,10 @@ def check_pack_bits(nb):
             hint = TAIL_HINT if got.numel() == n // 8 else "return a flat tensor of ceil(n / 8) bytes"
             raise AssertionError(f"pack_bits({where}) has shape {tuple(got.shape)}, expected "
                                  f"({math.ceil(n / 8)},). {hint}")
-        if not torch.equal(got, want):
+        if not same_values(got, want):
             k = int((got != want).nonzero()[0])
             used = (1 << (n % 8 or 8)) - 1  # the bits of the last byte that hold elements
-            tail_only = torch.equal(got[:-1], want[:-1]) and int(got[-1]) & used == int(want[-1])
+            tail_only = same_values(got[:-1], want[:-1]) and int(got[-1]) & used == int(want[-1])
             hint = "the unused high bits of the last byte must be 0" if tail_only else BIT_ORDER_HINT
             raise AssertionError(f"pack_bits({where}): byte {k} is {int(got[k])} (bits {int(got[k]):08b}), "
                                  f"expected {int(want[k])} (bits {int(want[k]):08b}). {hint}")
@@ -211,10 +211,10 @@ def check_unpack_bits(nb):
         if tuple(got.shape) != (n,):
             raise AssertionError(f"unpack_bits(packed, {n}) has shape {tuple(got.shape)}, expected ({n},): return "
                                  "exactly numel elements (the tail bits of the last byte are not elements)")
-        if not torch.equal(got, want):
+        if not same_values(got, want):
             i = int((got != want).nonzero()[0])
             reversed_order = torch.from_numpy(np.unpackbits(packed.numpy(), bitorder="big")[:n].astype(bool))
-            hint = BIT_ORDER_HINT if torch.equal(got, reversed_order) else (
+            hint = BIT_ORDER_HINT if same_values(got, reversed_order) else (
                 "read element 8k + j from bit j of byte k, for every k")
             raise AssertionError(f"unpack_bits for {where} (unused tail bits set to 1): element {i} is "
                                  f"{bool(got[i])}, expected {bool(want[i])}. {hint}")

@@ -23,7 +23,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from coursekit.checks import check_close
+from coursekit.checks import check_close, same_values
 from coursekit.transfer import digits_tasks, load_pretrained_cnn
 from grader import probes
 from grader.api import fetch, hidden_test
@@ -98,7 +98,7 @@ def _check_shape_and_zero(nb, cin, cout, stride, d, groups, k, H, W, seed):
                              "the block's output size, (ceil(H / stride), ceil(W / stride)), whatever the pooling")
     got = fetch(nb.apply(probes.ch05_lite_run, lite, x, torch.ones(expected)))
     for mode in ("y", "y_eval"):
-        if not torch.equal(got[mode], torch.zeros(expected)):
+        if not same_values(got[mode], torch.zeros(expected)):
             raise AssertionError(f"{where}: at init the output is not exactly zero in "
                                  f"{'train' if mode == 'y' else 'eval'} mode (max |y| = "
                                  f"{got[mode].abs().max().item():.3g}). {ZERO_HINT}")

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from coursekit.checks import check_close, check_equal
+from coursekit.checks import check_close, check_equal, same_close
 from grader import probes
 from grader.api import fetch, hidden_test
 from grader.resources import MiB, fresh_tensor, held_by, mib
@@ -282,7 +282,7 @@ def check_nf4_dequantize(nb):
         scale = absmax.double().repeat_interleave(block)[:n]
         ref = (NF4[_unpack(packed, n)] * scale).reshape(shape).float()
         swapped = (NF4[_unpack(packed, n, high_first=False)] * scale).reshape(shape).float()
-        if n > 1 and torch.allclose(got, swapped, atol=1e-6, rtol=1e-6) and not torch.allclose(got, ref):
+        if n > 1 and same_close(got, swapped, atol=1e-6, rtol=1e-6) and not same_close(got, ref):
             raise AssertionError(f"{where}: the two codes of each byte are read in the wrong order. {NIBBLE_HINT}")
         check_close(got, ref, where, "value = nf4_codebook()[code] x absmax of its block, codes read high nibble "
                     "first", atol=1e-6, rtol=1e-6)

@@ -19,7 +19,7 @@ import random
 import torch
 from torch import nn
 
-from coursekit.checks import check_close, check_equal
+from coursekit.checks import check_close, check_equal, same_close
 from grader import probes
 from grader.api import fetch, hidden_test
 from grader.source_policy import Shortcut, SourcePolicy
@@ -135,7 +135,7 @@ def _check_scenario(nb, scenario: dict) -> None:
                     f"{at}: the scale between step() and update()",
                     "step() does not change the scale: update() does, once per iteration", atol=0, rtol=1e-6)
         for i, (pa, pb) in enumerate(zip(a["params"], b["params"])):
-            if not torch.allclose(pa, pb, equal_nan=True, **TOL):
+            if not same_close(pa, pb, equal_nan=True, **TOL):
                 hint = SKIP_HINT if overflow else UNSCALE_HINT
                 check_close(pa, pb, f"{at}{' (an overflow step)' if overflow else ''}: parameter {i} after the step",
                             hint, **TOL)

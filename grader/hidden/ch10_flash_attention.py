@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from coursekit.checks import check_close
+from coursekit.checks import check_close, same_close
 from grader import probes
 from grader.api import fetch, hidden_test
 from grader.resources import fresh_tensor, held_by, mib
@@ -176,7 +176,7 @@ def _backward_case(nb, shape, causal, bq, bk, seed):
     for name, g, r in zip(("dq", "dk"), grads[:2], refs[:2]):
         if isinstance(g, torch.Tensor) and g.shape == r.shape:
             for factor in (math.sqrt(d), 1 / math.sqrt(d)):  # τ missing, or applied twice
-                if torch.allclose(g.double(), r * factor, atol=1e-4, rtol=1e-3):
+                if same_close(g.double(), r * factor, atol=1e-4, rtol=1e-3):
                     raise AssertionError(f"{name} {where} is the reference times {factor:.3g}. {SCALE_HINT}")
         _close(g, r, name, where, f"{DELTA_HINT}; {CAUSAL_HINT}" if causal else DELTA_HINT, GRAD_TOL)
     return traced

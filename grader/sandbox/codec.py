@@ -13,6 +13,7 @@ import math
 import torch
 
 MAX_DEPTH = 32
+MAX_ITEMS = 1_000_000  # values (not tensor elements) in one decoded reply
 _DTYPES = {
     str(d): d
     for d in (
@@ -62,18 +63,23 @@ def encode(value) -> str:
     return json.dumps(_enc(value, 0), allow_nan=False)
 
 
-def _dec(v, depth: int):
+def _dec(v, depth: int, budget: list[int]):
     if depth > MAX_DEPTH:
         raise ValueError("value nested too deeply")
+    budget[0] -= 1
+    if budget[0] < 0:  # Python objects cost ~100x their JSON text: bound what a reply can build
+        raise ValueError(f"more than {MAX_ITEMS:,} values in one reply")
     if v is None or isinstance(v, (bool, int, float, str)):
         return v
     if isinstance(v, list):
-        return [_dec(x, depth + 1) for x in v]
+        return [_dec(x, depth + 1, budget) for x in v]
     if not isinstance(v, dict) or len(v) == 0:
         raise ValueError("malformed value")
     if "__tensor__" in v:
         dtype = _DTYPES[v["__tensor__"]]
         shape = [int(s) for s in v["shape"]]
+        if len(shape) > MAX_DEPTH or any(s < 0 for s in shape):
+            raise ValueError("malformed tensor shape")
         raw = base64.b64decode(v["data"], validate=True)
         numel = math.prod(shape)
         itemsize = torch.empty((), dtype=dtype).element_size()
@@ -83,9 +89,9 @@ def _dec(v, depth: int):
             return torch.empty(shape, dtype=dtype)
         return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape).clone()
     if "__tuple__" in v:
-        return tuple(_dec(x, depth + 1) for x in v["__tuple__"])
+        return tuple(_dec(x, depth + 1, budget) for x in v["__tuple__"])
     if "__dict__" in v:
-        return {str(k): _dec(x, depth + 1) for k, x in v["__dict__"].items()}
+        return {str(k): _dec(x, depth + 1, budget) for k, x in v["__dict__"].items()}
     if "__dtype__" in v:
         return _DTYPES[v["__dtype__"]]
     if "__size__" in v:
@@ -100,6 +106,9 @@ def _dec(v, depth: int):
 def decode(text: str):
     """Decode a value produced by :func:`encode`. Raises ValueError on anything else."""
     try:
-        return _dec(json.loads(text), 0)
+        # Refuse before parsing: json.loads itself builds one Python object per value.
+        if text.count(",") + text.count("[") + text.count("{") > 2 * MAX_ITEMS:
+            raise ValueError(f"more than {MAX_ITEMS:,} values in one reply")
+        return _dec(json.loads(text), 0, [MAX_ITEMS])
     except (KeyError, TypeError, AttributeError, RecursionError) as e:
         raise ValueError(f"malformed value: {e}") from None
