@@ -73,6 +73,29 @@ Threat → defence (a determined student controls everything inside the worker):
    breaching cell is left out of the program and every graded test cell of its exercise scores
    0, with the construct, its line and what to use instead. The cost is a parse and a walk of
    the tree, about 10 ms per exercise cell.
+8. *Claims measured inside the student's process* (bytes saved for backward, tensor inventories,
+   op traces, recorders, parameter tables: all of them the student's code can hide from or
+   edit). **The principle: whatever decides a point is computed outside the student's process,
+   or recomputed by the judge from plain returned data.** Resource bounds are read by the judge
+   from the kernel (``meter.py``, ``grader/resources.py``): between two requests, while the
+   worker is idle, ``nb.memory()`` reads the resident anonymous memory of every process of the
+   worker's uid and the bytes on its own file system, and the resident high-water mark since a
+   reset (``/proc/<pid>/clear_refs``). Checks make large inputs inside the worker that only
+   their handle holds, call the student's code, drop the handles and read again, on sizes where
+   a correct and a wrong implementation differ by tens of megabytes (checkpointing, 1-bit ReLU,
+   the lite residual and TinyTL's main branch, QLoRA after construction and after a step,
+   FlashAttention's peak). The fork server pins glibc's mmap threshold at 64 KiB so that freed
+   tensors leave the resident set. Facts that cannot be read from outside are checked
+   behaviourally (values the judge recomputes, weights compared before and after steps the
+   judge drives) or, where they stay in-process (FLOP counts, recomputation order, op traces),
+   they only add to what the outside checks already require, behind the source policy.
+9. *Harm to other students*: each worker's directory is a tmpfs of its own (128 MiB, 1,024
+   inodes) in a mount namespace of its own, where the shared directory above it is read-only
+   (``confine.private_workdir``), so one worker's full disk never stops another from starting.
+   On the judge's side, fetched values are compared only after their shapes match
+   (``coursekit.checks.same_close``/``same_values``/``check_close``; a test refuses raw
+   ``torch.allclose``/``torch.equal`` in hidden tests), and a reply cannot make the judge build
+   more than a million Python objects (``codec.MAX_ITEMS``, checked before parsing).
 
 Isolation modes, strongest first (``isolation_modes()``): ``chroot`` needs root and
 ``unshare``/``mount``. ``userns`` (unprivileged user, mount and network namespaces: no
@@ -99,18 +122,23 @@ Residual risks, stated plainly:
   audit hook, fake a probe's answer. The hook is defence in depth; the walls are the process
   boundary, the mount namespace, the uid, the network namespace and the rlimits.
 * In-process measurements. ``nb.apply(probes.fn, ...)`` runs trusted code in that process.
-  The integrity check stops monkeypatching, the common case, but not in-place edits, frame
-  walking through standard-library helpers (``inspect`` may call ``sys._getframe``), tensors
+  The integrity check stops monkeypatching, the common case, but not in-place edits, tensors
   stashed on ``ctx`` or module attributes where ``saved_tensors_hooks`` never sees them, or
-  native code. Checks should treat probe results as claims: recompute in the judge whatever
-  can be recomputed from fetched tensors (outputs, gradients, parameter values) and use
-  in-process measurements only for what cannot be observed otherwise.
+  native code. Probe results are claims: points come from values the judge recomputes and from
+  memory read outside the process (item 8); what remains in-process (FLOP counts, the order in
+  which layers are recomputed, op traces) is trusted only as far as the source policy keeps a
+  cell from reaching the probe's machinery.
+* Memory read from outside is resident memory. A process could page memory out only with
+  swap (the grading machine should have none) and could keep data in places the meter does not
+  read (kernel pipe buffers, 64 KiB each, a few per worker). Inputs are sized so that such
+  slack is far below the difference a check looks for.
 * Whatever a check sends into the worker (``nb.put``, call arguments) is the student's to
   read and may come back in an exception message: never send reference values. Objects from
   ``grader.hidden`` modules are refused by the judge's pickler.
-* Memory beyond the address space: the workers' tmpfs (512 MiB per server) and anonymous
-  files count against the machine, not ``RLIMIT_AS``; run the autograder under a memory
-  cgroup (``docker --memory``) for a hard bound.
+* Memory beyond the address space: each worker's tmpfs (128 MiB) and anonymous files count
+  against the machine, not ``RLIMIT_AS``; run the autograder under a memory cgroup
+  (``docker --memory``) for a hard bound. Without root (``plain`` mode without a uid of its
+  own) a worker's directory is no mount of its own and workers share the judge's uid.
 * The source policy is static. It cannot see what trusted objects hand to the student's code
   (a probe's wrapper passed as an argument stays the student's to call), ``str.format`` reads
   attributes into text, and a Triton kernel's pointers are raw addresses under the interpreter.
