@@ -58,3 +58,54 @@ def test_a_reply_frame_full_of_values_is_malformed_before_parsing():
     body = b'{"t": "ok", "junk": [' + b"0," * (2 * MAX_ITEMS + 100) + b"0]}"
     with pytest.raises(MalformedReply):
         conn._parse(body)
+
+
+FLOODS = {
+    # A reply that json.loads would turn into 3 million Python objects: refused before parsing.
+    "flood-values": '''def predict_training_memory(model, batch_size, optimizer):
+    return {"params": [0] * 3_000_000}
+''',
+    # Many small containers inside the value budget (codec.MAX_ITEMS bounds them).
+    "flood-containers": '''def predict_training_memory(model, batch_size, optimizer):
+    return {"params": [[] for _ in range(400_000)]}
+''',
+    # A tensor whose shape broadcasts against anything.
+    "broadcast": '''def predict_training_memory(model, batch_size, optimizer):
+    return {"params": torch.zeros(200_000, 1, 1), "grads": torch.zeros(200_000, 1, 1)}
+''',
+}
+JUDGE_PEAK = '''
+import resource, sys
+from grader.__main__ import main
+code = main(["autograde", sys.argv[1], "--out", sys.argv[2], "--workers", "1"])
+print("maxrss_kib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+sys.exit(code)
+'''
+
+
+@pytest.mark.slow
+def test_the_judge_memory_stays_bounded_under_hostile_replies(tmp_path):
+    import subprocess
+    import sys
+
+    from submissions import reference, with_exercise, write
+
+    sub = tmp_path / "submitted"
+    write(sub, "honest", "ch00_memory", reference("ch00_memory"))
+    for student, source in FLOODS.items():
+        write(sub, student, "ch00_memory", with_exercise("ch00_memory", "predict_training_memory", source))
+    proc = subprocess.run([sys.executable, "-c", JUDGE_PEAK, str(sub), str(tmp_path / "out")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    peak_mib = int(proc.stdout.split("maxrss_kib")[-1]) / 1024
+    rows = (tmp_path / "out" / "grades.csv").read_text().splitlines()[1:]
+    scores = {}
+    for row in rows:
+        student, _, _, score, max_score = row.split(",")
+        got, mx = scores.get(student, (0.0, 0.0))
+        scores[student] = (got + float(score), mx + float(max_score))
+    assert scores["honest"][0] == scores["honest"][1] > 0
+    for student in FLOODS:
+        assert scores[student][0] < scores[student][1], student
+    print(f"judge peak resident memory: {peak_mib:.0f} MiB")
+    assert peak_mib < 1500, f"the judge reached {peak_mib:.0f} MiB grading hostile replies"
