@@ -23,7 +23,7 @@
 # - what autograd actually saves for backward, tensor by tensor, and why some tensors are
 #   shared, some skipped, and some not activations at all;
 # - to predict a training step's memory to the byte before running it;
-# - why a network with 7× fewer parameters can need just as much activation memory
+# - why a network with several times fewer parameters can need just as much activation memory
 #   (the observation behind TinyTL, Cai et al. 2020).
 
 # %% tags=["setup"]
@@ -279,6 +279,10 @@ print(f"measured activations = B × {per_example:,} bytes at every batch size; "
       f"model state = {sum(rows[0][k] for k in PARTS[:3]) / MB:.2f} MB at every batch size")
 print("your prediction matches at every batch size" if not mismatches
       else f"your prediction differs at batch sizes {mismatches}: revisit section 3")
+state_bytes = sum(rows[0][k] for k in PARTS[:3])
+crossover = state_bytes / per_example  # the batch at which activations equal the model state
+print(f"activations overtake the model state from a batch of about {crossover:,.0f} examples "
+      f"({per_example:,} bytes each against {state_bytes:,} bytes of model state)")
 
 fig, ax = plt.subplots(figsize=(7, 3.5))
 positions = np.arange(len(batch_sizes))
@@ -297,9 +301,9 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Below about a thousand examples the model state dominates this MLP; above, the activations
-# do, and they keep growing. For an MLP on 64 features the crossover is late because each
-# example carries only a few thousand values. Convolutional networks carry a feature map per
+# Below the crossover printed above the model state dominates this MLP; beyond it the
+# activations do, and they keep growing. For an MLP on 64 features the crossover is late
+# because each example carries only a few thousand values. Convolutional networks carry a feature map per
 # channel per example, and the crossover comes much sooner.
 #
 # ### 4.2 Fewer parameters, not fewer activations
@@ -337,9 +341,9 @@ act_ratio = mem["SmallCNN"]["activations"] / mem["SmallDSCNN"]["activations"]
 print(f"SmallCNN / SmallDSCNN: parameters {param_ratio:.1f}×, activations {act_ratio:.2f}×")
 
 # %% [markdown]
-# Seven times fewer parameters, and the activations did not shrink at all: they grew a little,
-# because the depthwise output is one more feature map that the 1×1 convolution must keep for
-# its weight gradient. Where do parameters and activations live? Per block (the activations a
+# Several times fewer parameters (the ratio printed above), and the activations did not shrink
+# at all: they grew a little, because the depthwise output is one more feature map that the
+# 1×1 convolution must keep for its weight gradient. Where do parameters and activations live? Per block (the activations a
 # block adds are what it saves beyond its own input, which the previous block already counted):
 
 # %%
@@ -393,11 +397,23 @@ plt.show()
 # size and watch which part takes over.
 
 # %% tags=["demo"]
-def draw(ax, batch_size=64, depth=3, width=256, optimizer="adam"):
+from functools import lru_cache
+
+
+@lru_cache(maxsize=64)
+def measured_mlp(depth, width):
+    """The MLP and its activations measured at batch 1 and 2. Section 4.1 showed them linear
+    in the batch, so these two measurements give every batch size exactly, and moving the
+    batch slider measures nothing again (a 2048-example step of the widest MLP takes seconds)."""
     net = mlp([64] + [width] * depth + [10])
+    at_1, at_2 = (measure_training_step(net, b).activation_bytes for b in (1, 2))
+    return net, at_1, at_2 - at_1
+
+
+def draw(ax, batch_size=64, depth=3, width=256, optimizer="adam"):
+    net, at_1, per_example = measured_mlp(depth, width)
     predicted = predict_training_memory(net, batch_size, optimizer)
-    measured = {**model_state_bytes(net, optimizer),
-                "activations": measure_training_step(net, batch_size).activation_bytes}
+    measured = {**model_state_bytes(net, optimizer), "activations": at_1 + (batch_size - 1) * per_example}
     totals = []
     for i, parts in enumerate((predicted, measured)):
         bottom = 0.0
@@ -459,16 +475,19 @@ fig.tight_layout()
 plt.show()
 print(f"One 8×8 image costs SmallCNN {per_example_cnn / 1024:.1f} KB of activations: at a batch of about "
       f"{batch_for_paper_ratio:.0f}, its activations reach 6.9× its parameter bytes, the ResNet-50 ratio.")
+RESNET50_PARAMETERS = 25_557_032  # torchvision's resnet50
+print(f"SmallCNN has {mem['SmallCNN']['parameters']:,} parameters, "
+      f"{RESNET50_PARAMETERS / mem['SmallCNN']['parameters']:,.0f}× fewer than ResNet-50")
 
 # %% [markdown]
-# The shape of the result carries over to a model with about 250 times fewer parameters than
-# ResNet-50: cutting parameters with depthwise-separable convolutions does not cut activations
-# (ours even grow by about a fifth; a same-width comparison is harsher than ResNet-50 vs
-# MobileNetV2, which also differ in depth and width). Our activation-to-parameter ratio at
+# The shape of the result carries over to a model far smaller than ResNet-50 (the line under the
+# plot): cutting parameters with depthwise-separable convolutions does not cut activations
+# (ours even grow; a same-width comparison is harsher than ResNet-50 vs MobileNetV2, which also
+# differ in depth and width). Our activation-to-parameter ratio at
 # batch 16 is far below ResNet-50's because an 8×8 image has 784 times fewer pixels than a
 # 224×224 one; a larger batch closes the gap, since activations grow with it and parameters
-# do not. And PyTorch's ReLU keeps 32 bits per element
-# where one would do: chapter material for later.
+# do not. And PyTorch's ReLU keeps a whole fp32 value per element where one bit would do
+# (the last row): chapter material for later.
 #
 # ## 7. Summary
 #
