@@ -181,6 +181,34 @@ from grader.api import run_hidden; run_hidden("ch01_lora", "test_lora_linear", g
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# > **Your lecture notes vs what we measure: which factor starts at zero?**
+# > The study note writes the low-rank update with its two factors in the other order from Hu et al.
+# > and from this chapter, so "$B = 0$" cannot be carried over by letter. Go by role instead: the
+# > factor that *reads the input* ($d_{in} \to r$, the down-projection) starts random, and the one
+# > that *writes the output* ($r \to d_{out}$, the up-projection) starts at zero. Here,
+# > $\Delta W = BA$ acts on column vectors, $B \in \mathbb{R}^{d_{out} \times r}$ is zero. Written
+# > for row vectors, $y = x\,(W_0^\top + A'B')$ with $A' = A^\top \in \mathbb{R}^{d_{in} \times r}$ and
+# > $B' = B^\top \in \mathbb{R}^{r \times d_{out}}$: the second factor, $B'$, is the zero one. Read
+# > as $\Delta W = AB$ on column vectors instead, the first factor, $A \in \mathbb{R}^{d_{out} \times r}$,
+# > is the zero one. Check by shape, and by the first gradient: while the output side is zero,
+# > only it receives a gradient.
+
+# %%
+torch.manual_seed(0)
+demo = LoRALinear(nn.Linear(6, 5), rank=2, alpha=4.0)
+for name in ("lora_A", "lora_B"):
+    p = getattr(demo, name)
+    role = "reads the input" if p.shape[1] == demo.base.in_features else "writes the output"
+    print(f"{name}: shape {tuple(p.shape)}, {role}, all zero at init: {bool(torch.all(p == 0))}")
+delta_col = demo.scaling * demo.lora_B @ demo.lora_A  # (out, in): y = x W^T + x ΔW^T
+delta_row = demo.scaling * demo.lora_A.T @ demo.lora_B.T  # (in, out): y = x W^T + x A' B'
+x_demo = torch.randn(3, 6)
+torch.testing.assert_close(x_demo @ delta_col.T, x_demo @ delta_row)  # one update, two notations
+demo(x_demo).square().sum().backward()
+print(f"first gradient: |dL/dA| = {demo.lora_A.grad.norm():.3g} (input side), "
+      f"|dL/dB| = {demo.lora_B.grad.norm():.3g} (output side)")
+
+# %% [markdown]
 # ## 3. Exercise: put LoRA into a model
 #
 # Real models have dozens of linear layers. PEFT libraries select them by name: in our `TinyGPT`
@@ -246,8 +274,9 @@ from grader.api import run_hidden; run_hidden("ch01_lora", "test_apply_lora", gl
 # ## 4. Exercise: a bottleneck adapter
 #
 # Houlsby et al. insert two adapters per transformer block, one after the attention output
-# projection and one after the MLP, each a residual bottleneck. Write it with `nn.GELU()`'s
-# exact GELU (the one `F.gelu` computes by default).
+# projection and one after the MLP, each a residual bottleneck, and they train the LayerNorms'
+# $\gamma$ and $\beta$ of each task along with the adapters (section 5 measures what that costs).
+# Write the adapter with `nn.GELU()`'s exact GELU (the one `F.gelu` computes by default).
 
 # %% exercise="Adapter"
 class Adapter(nn.Module):
@@ -318,6 +347,7 @@ import statistics
 import time
 
 import matplotlib.pyplot as plt
+import numpy as np
 from IPython.display import Markdown, display
 from tqdm.auto import tqdm
 
@@ -340,8 +370,8 @@ print(f"pretrained model, source task (Fibonacci): {accuracy(pretrained, source_
 print(f"pretrained model, target task (Pell):      {accuracy(pretrained, target_test.x, target_test.y):.1%}")
 
 # %% [markdown]
-# The pretrained model has mastered its own task and fails the new one: about 6% is chance
-# ($1/16$), which is also how often the two rules agree ($2a + b = a + b$ only when $a = 0$).
+# The pretrained model has mastered its own task and fails the new one, near chance ($1/16$),
+# which is also how often the two rules agree ($2a + b = a + b$ only when $a = 0$).
 #
 # ### 5.2 Fine-tune it five ways
 #
@@ -354,10 +384,11 @@ print(f"pretrained model, target task (Pell):      {accuracy(pretrained, target_
 # | full, from scratch | all parameters, random initialisation (is pretraining worth anything?) |
 # | last layer only | the output head (a "linear probe") |
 # | LoRA, rank $r$ | `lora_A`, `lora_B` on `qkv`, `proj`, `fc1`, `fc2` of both blocks ($\alpha = 8$ for every $r$) |
-# | adapters, $m = 8$ | two adapters per block, after `attn.proj` and after `mlp.fc2` (Houlsby's placement) |
+# | adapters, $m = 8$ | two adapters per block, after `attn.proj` and after `mlp.fc2` (Houlsby's placement), and every LayerNorm's $\gamma, \beta$ (Houlsby et al. train them too) |
+# | adapters, LayerNorm frozen | the adapters alone |
 #
 # The methods with few trainable parameters use a larger learning rate (1e-2 instead of 3e-3), as
-# is usual for PEFT; both values came from a small sweep. About 20 s for all of them on two cores.
+# is usual for PEFT; both values came from a small sweep. The cell prints how long it took.
 
 # %%
 TARGETS = ("qkv", "proj", "fc1", "fc2")
@@ -379,13 +410,17 @@ def last_layer_only():
     return model
 
 
-def with_adapters(bottleneck=BOTTLENECK):
+def with_adapters(bottleneck=BOTTLENECK, train_layernorm=True):
     model = frozen_pretrained()
     d = model.cfg.d_model
     for block in model.blocks:
         # Inside the residual branch, after each sublayer's output projection (Houlsby et al., Fig. 2).
         block.attn.proj = nn.Sequential(block.attn.proj, Adapter(d, bottleneck))
         block.mlp.fc2 = nn.Sequential(block.mlp.fc2, Adapter(d, bottleneck))
+    if train_layernorm:  # Houlsby et al. also train each task's LayerNorm gamma and beta
+        for module in model.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.requires_grad_(True)
     return model
 
 
@@ -399,6 +434,7 @@ METHODS = {  # name: (build the model, learning rate)
     "last layer only": (last_layer_only, 1e-2),
     **{f"LoRA r={r}": (lambda r=r: with_lora(r), 1e-2) for r in RANKS},
     f"adapters m={BOTTLENECK}": (with_adapters, 1e-2),
+    "adapters, LayerNorm frozen": (lambda: with_adapters(train_layernorm=False), 1e-2),
 }
 
 
@@ -415,30 +451,54 @@ def finetune(model, lr, steps=STEPS, seed=0):
 
 
 models, results = {}, {}
+start = time.perf_counter()
 for name, (build, lr) in tqdm(METHODS.items(), desc="fine-tuning"):
     torch.manual_seed(0)  # same LoRA A / adapter / scratch initialisation on every run
     models[name] = finetune(build(), lr)
     results[name] = {"accuracy": accuracy(models[name], target_test.x, target_test.y)}
 for name, row in results.items():
-    print(f"{name:>20}: {row['accuracy']:.1%}")
+    print(f"{name:>26}: {row['accuracy']:.1%}")
+print(f"{len(METHODS)} fine-tunings of {STEPS} steps in {time.perf_counter() - start:.0f} s")
 
 # %% [markdown]
-# ### 5.3 Memory: what each method keeps during a training step
+# ### 5.3 Memory, compute and storage: what each method costs
 #
-# Parameters, gradients and Adam's two moments follow from the parameter list
-# (`model_state_bytes`); the activations are measured, for one training step on a batch of
-# 32 sequences of 32 tokens.
+# Per training step: parameters, gradients and Adam's two moments follow from the parameter list
+# (`model_state_bytes`); the activations and the forward and backward FLOPs are measured with
+# `coursekit.measure`, for one training step on a batch of 32 sequences of 32 tokens, and the
+# step time (forward, backward, Adam) is the median of a few timed steps. Per task: the bytes to
+# ship, i.e. the trainable parameters, since the frozen ones are the shared pretrained checkpoint
+# (full fine-tuning ships a whole model per task).
 
 # %%
 # clone(): a slice is a view of the whole data set, and measure() counts a saved tensor's whole storage
 x_batch, y_batch = target_train.x[:BATCH].clone(), target_train.y[:BATCH].clone()
-for name, model in models.items():
+
+
+def step_time_ms(model, repeats=fast(5, 2)):
+    """Median time of one training step (forward, backward, Adam) on a copy of ``model``."""
+    model = copy.deepcopy(model)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    times = []
+    for i in range(repeats + 1):  # the first step is a warm-up (Adam allocates its state)
+        start = time.perf_counter()
+        loss = lm_loss(model(x_batch), y_batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times[1:])
+
+
+for name, model in tqdm(models.items(), desc="measuring", leave=False):
     m = measure(lambda: lm_loss(model(x_batch), y_batch), model)
     model.zero_grad(set_to_none=True)
     state = model_state_bytes(model, "adam")
     results[name].update(trainable=sum(p.numel() for p in model.parameters() if p.requires_grad),
                          params=state["params"], grads=state["grads"], adam=state["optimizer_state"],
-                         activations=m.activation_bytes)
+                         activations=m.activation_bytes, fwd_flops=m.forward_flops, bwd_flops=m.backward_flops,
+                         step_ms=step_time_ms(model),
+                         ship=sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad))
     results[name]["total"] = sum(results[name][k] for k in ("params", "grads", "adam", "activations"))
 
 KB = 1024
@@ -450,24 +510,65 @@ display(Markdown(header + "\n".join(
     f"| {r['grads'] / KB:,.0f} | {r['adam'] / KB:,.0f} | {r['activations'] / KB:,.0f} | {r['total'] / KB:,.0f} "
     f"| {r['accuracy']:.1%} |" for name, r in results.items())))
 
+MFLOP = 1e6
+display(Markdown(
+    "| method | forward MFLOP | backward MFLOP | backward / forward | step time | bytes to ship per task |\n"
+    "|---|---|---|---|---|---|\n" + "\n".join(
+        f"| {name} | {r['fwd_flops'] / MFLOP:,.1f} | {r['bwd_flops'] / MFLOP:,.1f} | {r['bwd_flops'] / r['fwd_flops']:.2f} "
+        f"| {r['step_ms']:.1f} ms ({r['step_ms'] / full['step_ms']:.2f}× full) "
+        f"| {r['ship'] / KB:,.1f} KB ({r['ship'] / full['ship']:.2%} of full) |" for name, r in results.items())))
+
+shown = [n for n in results if n != "full, from scratch"]  # same costs as full fine-tuning
+fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+pos = np.arange(len(shown))
+axes[0].bar(pos, [results[n]["fwd_flops"] / MFLOP for n in shown], color="#4c72b0", label="forward")
+axes[0].bar(pos, [results[n]["bwd_flops"] / MFLOP for n in shown], bottom=[results[n]["fwd_flops"] / MFLOP for n in shown],
+            color="#dd8452", label="backward")
+axes[0].set_ylabel("MFLOP per training step")
+axes[0].legend(frameon=False, fontsize=8)
+axes[1].bar(pos, [results[n]["step_ms"] for n in shown], color="#8172b3")
+axes[1].set_ylabel("ms per training step (measured)")
+axes[2].bar(pos, [results[n]["ship"] / KB for n in shown], color="#55a868")
+axes[2].set_yscale("log")
+axes[2].set_ylabel("KB to ship per task")
+for ax in axes:
+    ax.set_xticks(pos, shown, rotation=60, ha="right", fontsize=7)
+fig.tight_layout()
+plt.show()
+close = [n for n in shown[1:] if results[n]["accuracy"] >= full["accuracy"] - 0.02]
+print(f"within 2 points of full fine-tuning ({full['accuracy']:.1%}): {', '.join(close) or 'none'}; "
+      f"below: {', '.join(n for n in shown[1:] if n not in close) or 'none'}")
+
 # %% [markdown]
-# Three things to read off the table:
+# What to read off the tables:
 #
 # - **Model state shrinks as promised.** Gradients and Adam state exist only for trainable
-#   parameters: LoRA at rank 1 keeps 2% of full fine-tuning's, adapters 4%. The frozen weights
-#   are still there (the "params" column does not move).
+#   parameters (the "% of full" column). The frozen weights are still there (the "params"
+#   column does not move).
 # - **Activations barely move with LoRA.** To get gradients to the LoRA matrices of the first
 #   block's `qkv`, backward must pass through everything above them, so every LayerNorm input,
 #   attention map and GELU input is still saved (LoRA even adds its small $xA^\top$ tensors).
 #   At this batch size activations are most of the memory, so LoRA's total saving is modest.
-#   The adapters save more, not because they are adapters but because of *where* they sit: the
-#   lowest one comes after block 0's attention, so nothing inside that attention needs keeping.
+#   Adapters with frozen LayerNorms save more, not because they are adapters but because of
+#   *where* the lowest trainable parameter sits: the lowest adapter comes after block 0's
+#   attention, so nothing inside that attention needs keeping. Train the LayerNorms' $\gamma$ and
+#   $\beta$ as Houlsby et al. do, and block 0's first LayerNorm, below everything, needs a
+#   gradient: backward must pass through block 0's attention again, and much of the saving is gone
+#   (compare the two adapter rows, and their accuracies for what the LayerNorms buy).
 #   Training the head alone saves almost everything, since nothing below it needs a gradient.
 #   The next cell checks the "where" claim by moving LoRA itself.
-# - **Accuracy.** Full fine-tuning, LoRA from rank 2 up, and the adapters solve the new task;
-#   rank 1 is not enough here; the last layer alone cannot do it, because the features it reads
-#   were shaped for $a + b$, not $2a + b$; and the same budget from scratch gets nowhere: the
-#   pretrained weights do most of the work.
+# - **Compute.** The forward pass is the pretrained model's plus a little (LoRA's thin matmuls,
+#   the adapters). Backward is where freezing pays: full fine-tuning computes every layer's input
+#   gradient *and* weight gradient, about two forwards' worth; a frozen layer skips its weight
+#   gradient, so LoRA and adapters need about one forward's worth (the "backward / forward"
+#   column), a little more as the rank grows. The head alone needs almost no backward. On this
+#   small CPU model the step time follows the FLOPs only loosely: per-call overheads weigh too.
+# - **Storage.** Full fine-tuning ships a whole model per task; LoRA and adapters ship their
+#   trainable parameters only (the last column), next to one shared pretrained checkpoint.
+# - **Accuracy.** The line under the plot sorts the methods against full fine-tuning. The last
+#   layer alone cannot solve the task, because the features it reads were shaped for $a + b$, not
+#   $2a + b$; and the same budget from scratch gets nowhere: the pretrained weights do most of the
+#   work.
 
 # %%
 for targets in (TARGETS, ("proj", "fc2"), ("fc2",)):
@@ -478,8 +579,9 @@ print(f"{'full fine-tuning':>33}: activations {results['full fine-tuning']['acti
 
 # %% [markdown]
 # The lower the first trainable parameter, the more of the network backward must keep. Ideas
-# that attack activation memory directly come in later chapters (checkpointing, TinyTL, sparse
-# backpropagation).
+# that attack activation memory directly come in later chapters (checkpointing, TinyTL).
+# Sparse backpropagation (meProp) is not one of them: it keeps every activation and cuts the
+# backward *compute*.
 #
 # ### 5.4 Inference: merge LoRA away, adapters stay
 #
@@ -654,38 +756,46 @@ ax.set_ylim(0.3, 3e4)
 ax.set_ylabel("ratio (×)")
 fig.tight_layout()
 plt.show()
+full_state = full["params"] + full["grads"] + full["adam"]
+print(f"full fine-tuning: {full_state / KB:,.0f} KB of model state next to {full['activations'] / KB:,.0f} KB of "
+      f"activations (batch {BATCH}); LoRA r=4 shrinks the model state {state_ratio:.1f}×, the total {memory_ratio:.2f}×")
 
 # %% [markdown]
 # The directions agree, the sizes do not, and scale explains each gap:
 #
 # - **Parameters.** A rank-$r$ update of a $d \times d$ matrix saves $d / 2r$; GPT-3's $d = 12288$
-#   gives thousands, and adapting only $W_q, W_v$ of 96 layers doubles down. Our $d = 64$ gives a
-#   dozen at rank 4.
+#   gives thousands, and adapting only $W_q, W_v$ of 96 layers doubles down. Our $d = 64$ gives
+#   $d / 2r = 8$ at rank 4 for a square layer (the table's first row: a bit more, as the MLP
+#   layers are not square).
 # - **Memory.** GPT-3's 350 GB with LoRA is about the size of its frozen weights in fp16
 #   (175·10⁹ × 2 bytes): what LoRA removed, some 850 GB, was gradients and Adam state, so the
-#   activations must have been a small term. Ours are the opposite: a few hundred KB of model
-#   state next to about 10 MB of activations for a batch of 32×32 tokens, which LoRA does not
-#   touch. At rank 4 the model state alone shrinks about 3× (the paper's factor, by coincidence);
-#   the total barely moves. Large models and small batches: LoRA shines; small models and big
-#   batches: the activations decide.
+#   activations must have been a small term. Ours are the opposite (the line under the plot):
+#   little model state next to far more activations for a batch of 32×32 tokens, which LoRA does
+#   not touch; the model state alone shrinks by a factor close to the paper's, the total barely
+#   moves. Large models and small batches: LoRA shines; small models and big batches: the
+#   activations decide.
 # - **Latency.** Merging is exact, so "no added latency" holds to the FLOP. Unmerged LoRA and
 #   adapters add sequential kernels; on our tiny CPU model those launches are most of the time,
 #   which is why our ratios can exceed the paper's GPU numbers.
-# - **Accuracy.** Our task was designed so that a low-rank change suffices: here ranks ≥ 2 and
-#   the adapters match full fine-tuning, and the last layer alone cannot. On real tasks the gaps
-#   depend on the task and the rank, as both papers' tables show. Our numbers are also fragile in
-#   one way worth knowing: with a checkpoint pretrained from another seed, the same recipe reached
-#   37% at rank 1, 78% at rank 2 and 68% with the adapters, while rank 4 and up still matched full
-#   fine-tuning. How easily a model adapts depends on the features pretraining happened to learn.
+# - **Accuracy.** Our task was designed so that a low-rank change suffices, and the last layer
+#   alone cannot make it (section 5.3 lists which methods come within 2 points of full
+#   fine-tuning). On real tasks the gaps depend on the task and the rank, as both papers' tables
+#   show. Our small ranks and the adapters are also fragile in one way worth knowing: how easily a
+#   model adapts depends on the features pretraining happened to learn, and a checkpoint
+#   pretrained from another seed (`coursekit.pretrain`) can rank them differently.
 #
 # ## 8. Summary
 #
 # - LoRA keeps $W_0$ frozen and trains $W_0 + \frac{\alpha}{r} BA$: $r(d_{in} + d_{out})$ parameters
-#   per layer, $B = 0$ at start so training begins from the pretrained model, $\alpha / r$ so the
-#   rank can change without retuning.
+#   per layer, $B = 0$ at start so training begins from the pretrained model (the output-side
+#   factor, whatever its letter), $\alpha / r$ so the rank can change without retuning.
 # - After training, $W_0 + \frac{\alpha}{r} BA$ merges into one `nn.Linear`: zero inference cost.
 #   Adapters add layers on the forward path and cannot be merged away.
 # - Gradients and optimizer state shrink with the trainable parameters; the frozen weights and,
 #   above all, the activations do not. LoRA is a cure for model state, not for activations.
+#   Activations shrink only when the lowest trainable parameter moves up (frozen LayerNorms
+#   under the adapters, LoRA on the upper layers only).
+# - Freezing also saves backward compute (no weight gradients for frozen layers) and per-task
+#   storage: a task ships its trainable parameters, not a model.
 # - Pretraining matters: the same budget from scratch gets nowhere, and a head-only fine-tune
 #   cannot change what the features compute.
