@@ -125,7 +125,7 @@ def runs_the_step_instead(model, batch_size, optimizer):
 
 
 WRONG = {
-    "runs_the_step_instead": (runs_the_step_instead, "activations"),
+    "runs_the_step_instead": (runs_the_step_instead, "without running anything"),
     # name: (implementation, a phrase the failure message must contain)
     "counts_linear_outputs_too": (counts_linear_outputs_too, "ReLU"),
     "forgets_the_loss": (forgets_the_loss, "target"),

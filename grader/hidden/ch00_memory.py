@@ -2,11 +2,13 @@
 
 The truth is measured here, judge-side, with ``coursekit.steps.measure_training_step`` (what
 autograd really saved) and ``coursekit.memory.model_state_bytes``; the student's function
-only ever sees copies of the models built below.
+only ever sees ``probes.ch00_meta`` copies of the models built below: Linear, ReLU and Sequential on
+the meta device (shapes, no data) that refuse to run, to be moved or materialised (``to_empty``,
+``to``, ``float``) and to take new tensors. A prediction has to come from the layers' shapes;
+measuring a materialised copy is not possible.
 """
 from __future__ import annotations
 
-import copy
 import random
 
 import torch
@@ -18,6 +20,7 @@ from coursekit.steps import measure_training_step
 from grader import probes
 from grader.api import fetch, hidden_test
 from grader.sandbox.codec import NotTransferable
+from grader.sandbox.rpc import StudentError
 
 KEYS = ("params", "grads", "optimizer_state", "activations")
 OPTIMIZERS = tuple(OPTIMIZER_STATE_COPIES)  # ("sgd", "momentum", "adam")
@@ -100,6 +103,13 @@ def _describe(model: nn.Sequential) -> str:
     return " → ".join(parts)
 
 
+def _unrunnable(model: nn.Sequential) -> probes.ch00_meta.Sequential:
+    """The same layers as ``probes.ch00_meta`` modules: shapes only, nothing that can run."""
+    layers = [probes.ch00_meta.Linear(m.in_features, m.out_features, bias=m.bias is not None)
+              if isinstance(m, nn.Linear) else probes.ch00_meta.ReLU() for m in model]
+    return probes.ch00_meta.Sequential(*layers)
+
+
 def _as_number(value, name: str, where: str) -> int | float:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
@@ -111,8 +121,16 @@ def _as_number(value, name: str, where: str) -> int | float:
 def _call(nb, model: nn.Sequential, batch_size: int, optimizer: str) -> dict:
     where = f"for {_describe(model)}, batch size {batch_size}, optimizer {optimizer!r}"
     try:
-        # A meta-device copy has shapes but no data: the student must predict, not run the step.
-        result = fetch(nb.predict_training_memory(copy.deepcopy(model).to("meta"), batch_size, optimizer))
+        # Shapes without data, refusing to run or materialise: the student must predict, not run the step.
+        result = fetch(nb.predict_training_memory(_unrunnable(model), batch_size, optimizer))
+    except (RuntimeError, StudentError) as e:  # the model's refusal, locally or as a StudentError
+        message = e.message if isinstance(e, StudentError) else str(e)
+        if "predict from its layers' shapes" not in message:
+            raise
+        raise AssertionError(
+            f"predict_training_memory tried to run, move, materialise or change the model {where} ({message}). "
+            f"The grader's models have shapes but no data: count the bytes from in_features, out_features, "
+            f"the biases and the batch size, without running anything.") from None
     except NotTransferable as e:
         raise AssertionError(
             f"predict_training_memory should return a dict of ints {where}; got a value that is not plain "
@@ -173,7 +191,7 @@ def check_predict_training_memory(nb):
 
     # Unknown optimizers are rejected with a ValueError.
     model = _build(37, [("L", 11, True)], seed=0)
-    raised = nb.apply(probes.raised, nb.predict_training_memory, model, 8, "rmsprop")
+    raised = nb.apply(probes.raised, nb.predict_training_memory, _unrunnable(model), 8, "rmsprop")
     raised = fetch(raised)
     allowed = ", ".join(repr(o) for o in OPTIMIZERS)
     if raised is None:
