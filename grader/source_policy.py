@@ -51,7 +51,7 @@ from functools import lru_cache
 
 # Modules (with their public submodules) every chapter's exercises may import.
 DEFAULT_MODULES = ("torch", "math", "numpy", "typing", "dataclasses", "itertools", "functools", "collections",
-                   "statistics", "copy", "contextlib", "warnings", "heapq", "bisect", "numbers", "abc", "enum")
+                   "statistics", "copy", "contextlib", "warnings", "heapq", "bisect", "numbers", "abc")
 # Submodules refused although their package is allowed: what they offer is an escape, not an answer.
 DENIED = {
     "torch.utils": "torch.utils holds tools, not exercise material (torch.utils.data and hooks stay allowed)",
@@ -160,6 +160,11 @@ ATTRIBUTES_REFUSED = {
     "compile": "it compiles code behind the grader's back",
     **dict.fromkeys(("get_type_hints", "ForwardRef", "singledispatch", "singledispatchmethod"),
                     "it evaluates strings as code"),
+    **dict.fromkeys(("update_wrapper", "make_dataclass", "DataSource"),
+                    "it reads or sets attributes named by run-time strings"),
+    **dict.fromkeys(("get_capture_scope", "used_global_vals", "src", "parse", "rewrite", "rewritten_fn",
+                     "_unsafe_update_src", "_set_src", "_get_src", "_do_compile"),
+                    "it reaches a kernel's namespace or replaces its source"),
     **dict.fromkeys(("saved_tensors_hooks", "save_on_cpu", "disable_saved_tensors_hooks"),
                     "it hides what autograd saves from the grader's measurements; save with ctx.save_for_backward"),
     **dict.fromkeys(("sys", "os", "gc", "inspect", "importlib", "builtins", "pickle", "marshal", "types",
@@ -361,6 +366,7 @@ class _Checker(ast.NodeVisitor):
         self.modules = dict(module_names)  # name -> module path, for names bound to modules
         self.breaches: list[Breach] = []
         self.parents: dict[ast.AST, ast.AST] = {}
+        self.own_private: set[str] = set()  # _names the cell itself sets on objects or defines in classes
 
     # bookkeeping
     def refuse(self, node, construct: str, why: str, instead: str = "") -> None:
@@ -370,6 +376,13 @@ class _Checker(ast.NodeVisitor):
         for node in ast.walk(tree):  # bindings first: a module imported anywhere is a module everywhere
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
+                if isinstance(node, ast.ClassDef) and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    self.own_private.add(child.name)
+                elif isinstance(node, ast.ClassDef) and isinstance(child, (ast.Assign, ast.AnnAssign)):
+                    targets = child.targets if isinstance(child, ast.Assign) else [child.target]
+                    self.own_private.update(t.id for t in targets if isinstance(t, ast.Name))
+            if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
+                self.own_private.add(node.attr)
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.asname:
@@ -404,8 +417,9 @@ class _Checker(ast.NodeVisitor):
         if s is not None:
             self.refuse(node, name, "the chapter's text forbids it", s.instead)
             return
-        if name.startswith("_") and on_module:
-            self.refuse(node, name, "it is a private name of a library", "use the public API")
+        if name.startswith("_") and (on_module or name not in self.own_private):
+            self.refuse(node, name, "it is a private name of a library (your own objects may use the _names "
+                        "your cell sets on them)", "use the public API")
 
     def check_chain(self, node, path: str, parts: list[str], value_use: bool = False, store: bool = False,
                     alias: str = "") -> None:
@@ -538,6 +552,11 @@ class _Checker(ast.NodeVisitor):
             self.check_chain(node, self.modules[name], [], value_use=True, alias=name)
 
     def visit_Call(self, node: ast.Call) -> None:
+        f = node.func
+        if ((isinstance(f, ast.Attribute) and f.attr == "wraps") or (isinstance(f, ast.Name) and f.id == "wraps")) \
+                and (len(node.args) != 1 or node.keywords):
+            self.refuse(node, "wraps(..., assigned/updated)", "it reads and sets attributes named by strings",
+                        "use functools.wraps(fn) alone")
         literal = self._literal_attribute_call(node)
         if literal is not None:
             chain = self._chain(node.args[0])
@@ -598,6 +617,11 @@ class _Checker(ast.NodeVisitor):
             if k.arg == "metaclass":
                 self.refuse(node, "metaclass=", "a metaclass builds classes from run-time dictionaries")
         self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        # "__builtins__" as a key of some namespace dict is as good as the name itself
+        if isinstance(node.value, str) and re.fullmatch(r"__\w+__", node.value) and node.value not in DUNDERS:
+            self.refuse(node, repr(node.value), "it names the interpreter's internals of an object")
 
     def visit_MatchClass(self, node: ast.MatchClass) -> None:
         for name in node.kwd_attrs:  # class patterns read attributes by name

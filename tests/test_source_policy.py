@@ -116,6 +116,8 @@ ALLOWED = [
                            "        return torch.autograd.grad(fn(x).sum(), x)"),
     ("ch08_quantization", "def f(x):\n    bits = x.view(torch.int32)\n    return (bits + 0x7FFF).view(torch.float32)"),
     ("ch00_memory", "def f(x):\n    match x:\n        case torch.Tensor(shape=s):\n            return s"),
+    ("ch00_memory", "import functools\ndef f(g):\n    @functools.wraps(g)\n    def h(*a):\n        return g(*a)\n"
+                    "    return h"),
 ]
 
 
@@ -202,6 +204,14 @@ ATTACKS = [
     ("ch00_memory", "import ctypes", "ctypes"),
     ("ch00_memory", "def f():\n    return open('/etc/passwd').read()", "open"),
     ("ch00_memory", "import pickle", "pickle"),
+    # namespaces reached through library objects, attributes named by strings
+    ("ch10_flash_attention", "def f(kernel):\n    return kernel.get_capture_scope()", "get_capture_scope"),
+    ("ch10_flash_attention", "def f(kernel, text):\n    kernel.src = text", "src"),
+    ("ch00_memory", "def f(scope):\n    return scope['__builtins__']", "'__builtins__'"),
+    ("ch00_memory", "import functools\ndef f(a, b):\n    return functools.wraps(a, assigned=('f_back',))(b)", "wraps"),
+    ("ch00_memory", "import dataclasses\nA = dataclasses.make_dataclass('A', [('x', int)])", "make_dataclass"),
+    ("ch00_memory", "def f(x):\n    return x._version", "_version"),
+    ("ch00_memory", "import enum", "enum"),
     # processes
     ("ch00_memory", "import _posixsubprocess", "_posixsubprocess"),
     ("ch00_memory", "import os\ndef f():\n    os.posix_spawn('/bin/sh', ['sh'], {})", "os"),
