@@ -14,21 +14,25 @@ may *say* is limited too, by reading its syntax tree (nothing of it runs here):
   ``np``, whether the setup cells or the cell bound it) may only be followed by an attribute:
   it cannot be passed, stored, returned or aliased. So every module attribute the code reaches
   is spelled out in the source and resolved here against the real module (``torch.sys`` is the
-  module ``sys``; ``torch.utils.flop_counter.TorchDispatchMode`` is the private dispatch class).
+  module ``sys``; ``torch.utils.flop_counter.TorchDispatchMode`` is the private dispatch class;
+  ``numpy.load`` and ``torch.load``, which unpickle, are refused however they are reached).
 * **No dynamic attribute names.** ``getattr``/``hasattr``/``setattr``/``delattr`` only with a
   literal name (checked like ``obj.name``); ``eval``, ``exec``, ``compile``, ``__import__``,
   ``globals``, ``locals``, ``vars``, ``open``, ``breakpoint``, three-argument ``type`` and
   metaclasses are refused. Every attribute the code touches is therefore in the source, and
   attribute *names* can be refused on any object: frame, traceback, generator and code
   internals (``f_back``, ``tb_frame``, ``gi_frame``), raw memory and storage (``data_ptr``,
-  ``untyped_storage``, ``ctypes``, ``from_file``, ``frombuffer``, ``as_strided``), pickles
-  (``load``, ``save``), hooks that hide work from the probes (``saved_tensors_hooks``, the
-  global ``register_module_*_hook``), and dunders beyond ``DUNDERS`` (``__class__``,
-  ``__dict__``, ``__globals__``, ``__subclasses__``, ``__array_interface__`` ...), whether
-  read, written or defined in a class body.
-* **Private attributes** (``_x``) are refused on module chains (``torch._C``), and on any object
-  when they name torch's hook tables or raw pointers; the student's own ``self._x``/``ctx._x``
-  are fine.
+  ``untyped_storage``, ``ctypes``, ``from_file``, ``frombuffer``, ``as_strided``), hooks that
+  hide work from the probes (``saved_tensors_hooks``, the global ``register_module_*_hook``),
+  helpers that evaluate strings or set attributes named by strings (``typing.get_type_hints``,
+  ``functools.update_wrapper``), a Triton kernel's namespace and source, and dunders beyond
+  ``DUNDERS`` (``__class__``, ``__dict__``, ``__globals__``, ``__subclasses__``,
+  ``__array_interface__`` ...), whether read, written, defined in a class body or written as a
+  string key (``scope["__builtins__"]``). Library attributes cannot be assigned or deleted.
+* **Private attributes** (``_x``) are refused on module chains (``torch._C``; a private base
+  class such as ``nn.modules.batchnorm._BatchNorm`` excepted) and on any object unless the cell
+  itself sets that name somewhere (``self._scale = ...``, ``ctx._shape = ...``) and it does not
+  name torch's hook tables, raw pointers or a kernel's source.
 * **A chapter's shortcuts** (``SourcePolicy.shortcuts``): what its text forbids, refused in
   every spelling (an import, a dotted name, an alias the module itself re-exports, an attribute
   name on any object): ``torch.utils.checkpoint`` in chapter 2, the course's own kernels, and
@@ -238,14 +242,16 @@ def _longest(path: str, prefixes) -> str:
     return max((p for p in prefixes if _under(path, p)), key=len, default="")
 
 
-@lru_cache(maxsize=None)
 def _is_module_path(path: str) -> bool:
     """Whether ``path`` names a module, found without running it (its parent must be loaded)."""
     if path in sys.modules:
         return isinstance(sys.modules[path], types.ModuleType)
     parent = path.rpartition(".")[0]
-    if parent and parent not in sys.modules:
-        return False
+    return not (parent and parent not in sys.modules) and _has_spec(path)
+
+
+@lru_cache(maxsize=None)
+def _has_spec(path: str) -> bool:
     try:
         return importlib.util.find_spec(path) is not None
     except (ImportError, ValueError, AttributeError):
@@ -356,10 +362,6 @@ def _resolve_static(path: str, rules: _Rules):
 
 # --- the checker --------------------------------------------------------------------------------
 
-class _Refused(Exception):
-    pass
-
-
 class _Checker(ast.NodeVisitor):
     def __init__(self, rules: _Rules, module_names: dict[str, str]):
         self.rules = rules
@@ -435,8 +437,9 @@ class _Checker(ast.NodeVisitor):
         obj = _resolve_static(path, self.rules)
         for i, part in enumerate(parts):
             shown = ".".join([path] + parts[: i + 1])
+            # a private base class, for isinstance (nn.modules.batchnorm._BatchNorm), is fine
             private_class = isinstance(obj, types.ModuleType) and part.startswith("_") and \
-                not part.startswith("__") and isinstance(vars(obj).get(part), type)  # a base class for isinstance (nn.modules.batchnorm._BatchNorm)
+                not part.startswith("__") and isinstance(vars(obj).get(part), type)
             if part.startswith("_") and part not in DUNDERS and not private_class:
                 self.refuse(node, shown, "it is a private name of a library", "use the public API")
                 return
