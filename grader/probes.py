@@ -232,11 +232,6 @@ def ch03_describe(value) -> dict:
 
 
 # --- ch04_partial_training -----------------------------------------------------------------------
-def ch04_trainable(module: nn.Module) -> dict[str, list]:
-    """{qualified name: [numel, requires_grad]} for every parameter (no values)."""
-    return {name: [int(p.numel()), bool(p.requires_grad)] for name, p in module.named_parameters()}
-
-
 def ch04_error(fn: Callable, *args, **kwargs) -> dict | None:
     """Call ``fn``; None if it returned, else the exception's class names (MRO) and message."""
     try:

@@ -3,7 +3,10 @@
 ``set_trainable`` runs on TransferCNN variants of other widths, depths and strides, and on a
 model whose blocks are anonymous ``nn.Sequential(nn.Conv2d, nn.BatchNorm2d, nn.ReLU)`` (BatchNorm
 found by type, not by attribute name), through a sequence of modes on the same model (each call
-must also freeze what the previous one trained); the returned count must be the real one.
+must also freeze what the previous one trained); the returned count must be the real one. What
+trains is read off the judge's own parameter tensors (sent with the model in one message), and one
+backward pass driven by the judge (``probes.ch01_sgd_steps``, learning rate 0) must reach exactly
+those tensors: a shadowed ``named_parameters`` or swapped-in parameters change nothing.
 ``pack_bits`` / ``unpack_bits`` are compared with ``numpy.packbits(..., bitorder="little")``;
 the buffers given to ``unpack_bits`` carry garbage in their unused tail bits. ``relu_1bit`` is
 compared with plain ``torch.relu`` autograd (exact zeros included), once more with the input and
@@ -14,6 +17,7 @@ the mask goes through ``ctx.save_for_backward``.
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -111,16 +115,29 @@ def _diff_message(model_name: str, mode: str, history: list[str], got: dict, wan
 def check_set_trainable(nb):
     sequence = ["bias+last", "full", "bn+last", "last", "bias+last", "full", "bn+last"]
     for model_name, model in _models().items():
-        handle = nb.put(model)
+        names = [n for n, _ in model.named_parameters()]
+        numel = {n: p.numel() for n, p in model.named_parameters()}
+        x = torch.randn(2, 1, 12, 12, generator=torch.Generator().manual_seed(len(names)))
+        with torch.no_grad():
+            g = torch.randn(copy.deepcopy(model)(x).shape, generator=torch.Generator().manual_seed(1))
+        sent = nb.put((model, list(model.parameters())))  # one message: the tensors are the model's own
+        handle = sent[0]
+        named = {n: sent[1][i] for i, n in enumerate(names)}  # handles: indexed, not iterated
         for i, mode in enumerate(sequence):
             count = fetch(nb.set_trainable(handle, mode))
-            got = fetch(nb.apply(probes.ch04_trainable, handle))
+            rows = fetch(nb.apply(probes.tensor_states, sent[1]))
+            got = {n: [numel[n], row["requires_grad"]] for n, row in zip(names, rows)}
             want = _expected_flags(model, mode)
-            check_equal(sorted(got), sorted(want), f"the parameter names after set_trainable on {model_name}",
-                        "set_trainable only changes requires_grad; it must not add or remove parameters")
             if any(got[n][1] != want[n] for n in want):
                 raise AssertionError(_diff_message(model_name, mode, sequence[:i], got, want))
-            real = sum(numel for numel, trainable in got.values() if trainable)
+            run = fetch(nb.apply(probes.ch01_sgd_steps, handle, named, x, g, steps=1, lr=0.0, weight_decay=0.0))
+            if "error" in run:
+                raise AssertionError(f"after set_trainable(model, {mode!r}) on {model_name}: {run['error']}")
+            check_equal(run["updated"][0], sorted(n for n in want if want[n]),
+                        f"the parameters one backward pass trains after set_trainable(model, {mode!r}) on "
+                        f"{model_name}", "set_trainable only changes requires_grad of the model's own parameters; "
+                        "it must not add, replace or remove any ('?' is a tensor the model did not have)")
+            real = sum(numel[n] for n in want if want[n])
             if not isinstance(count, int) or isinstance(count, bool):
                 raise AssertionError(f"set_trainable(model, {mode!r}) returned a {type(count).__name__}; return "
                                      f"the number of trainable parameters as an int ({real:,} here)")
