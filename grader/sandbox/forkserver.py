@@ -10,6 +10,7 @@ and starts no thread (torch's thread pools stay unstarted), so forking it is saf
 """
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import shutil
@@ -175,6 +176,11 @@ class Server:
                        and not name.startswith("_")}
         self.files = grader_files(self.repo)
         self.snapshot = integrity.snapshot()
+        # Everything imported so far lives as long as the server: keep it out of the collector's
+        # way, so that a worker's gc.collect() (before the judge reads its memory) scans only
+        # what the worker made, not the whole of torch.
+        gc.collect()
+        gc.freeze()
         if self.mode == "chroot":
             root = build_root(self.repo, self.files, self.stage)
             os.chroot(root)

@@ -1,4 +1,5 @@
-"""Exhaust memory: one huge allocation, then unbounded growth inside the exercise function."""
+"""Exhaust memory: one huge allocation, then unbounded growth inside the exercise function
+(400 MB a step, reserved without being written, so the limit is reached in milliseconds)."""
 THREAT = "resources"
 DEFENCE = ("RLIMIT_AS turns the allocations into MemoryError (or kills the worker); the worker "
            "reports the limit and the problem fails with a memory-limit message.")
@@ -16,6 +17,6 @@ _wrong = scaled_sum
 
 def scaled_sum(x, alpha):
     hoard = []
-    while True:
-        hoard.append(bytearray(10**8))
+    while True:  # untouched pages: the address-space limit fires at once, even on a busy machine
+        hoard.append(torch.empty(10**8))
 '''
