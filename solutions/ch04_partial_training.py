@@ -568,14 +568,31 @@ plt.show()
 
 # %% tags=["demo"]
 widget_models = {(mode, bit): build(mode, one_bit=bit) for mode in MODES for bit in (False, True)}
+SLIDER_BATCHES = range(8, fast(256, 64) + 1, 8)
+
+
+def activations_per_batch(model):
+    """Measured activation bytes at every slider batch, measured ahead so that the slider only
+    redraws. A step saves per-example tensors and batch-independent ones (BatchNorm's
+    statistics), so the bytes grow by the same amount every 8 examples: two measurements give
+    them all, checked against a third at the largest batch (else each batch is measured)."""
+    first, second, last = SLIDER_BATCHES[0], SLIDER_BATCHES[1], SLIDER_BATCHES[-1]
+    a_first, a_second = (step_memory(model, b)["activations"] for b in (first, second))
+    acts = {b: a_first + (b - first) // (second - first) * (a_second - a_first) for b in SLIDER_BATCHES}
+    if step_memory(model, last)["activations"] != acts[last]:
+        acts = {b: step_memory(model, b)["activations"] for b in SLIDER_BATCHES}
+    return acts
+
+
+widget_state = {key: model_state_bytes(m, "adam") for key, m in widget_models.items()}
+widget_acts = {key: activations_per_batch(m) for key, m in widget_models.items()}
 
 
 def draw(ax, batch=BATCH):
     pos = np.arange(len(MODES))
     for offset, bit, label in ((-0.2, False, "nn.ReLU"), (0.2, True, "1-bit ReLU")):
-        mem = [step_memory(widget_models[mode, bit], batch) for mode in MODES]
-        state = [(m["params"] + m["grads"] + m["optimizer_state"]) / KIB for m in mem]
-        acts = [m["activations"] / KIB for m in mem]
+        state = [sum(widget_state[mode, bit].values()) / KIB for mode in MODES]
+        acts = [widget_acts[mode, bit][batch] / KIB for mode in MODES]
         ax.bar(pos + offset, state, width=0.38, color="#cccccc", edgecolor="k", lw=0.4,
                label="weights + grads + Adam" if not bit else None)
         bars = ax.bar(pos + offset, acts, width=0.38, bottom=state, color=[COLORS[m] for m in MODES],
