@@ -186,11 +186,13 @@ display(Markdown(
     "|---|---|---|---|---|---|---|---|\n" + "\n".join(
         f"| {t} | {k} | {med:.1f} | {f[0]['zero']:.1%} | {f[3]['zero']:.1%} | {f[10]['zero']:.1%} | "
         f"{f[16]['zero']:.2%} | {f[16]['inf']:.2%} |" for t, k, med, f in underflow_rows)))
+pre_med, pre_fate = next((med, f) for t, k, med, f in underflow_rows if t == "pretrained task" and k == "activation")
+display(Markdown(f"On the task the model already solves, the median activation gradient is $2^{{{pre_med:.0f}}}$, "
+                 f"{'below' if pre_med < -24 else 'above'} fp16's $2^{{-24}}$: unscaled, {pre_fate[0]['zero']:.0%} of "
+                 "them would be 0 in an fp16 backward, and the weight gradients computed from them would be lost too."))
 
 # %% [markdown]
-# On the task the model already solves, the typical activation gradient is around $2^{-30}$, far
-# below fp16's $2^{-24}$: unscaled, almost all of them would be 0 in an fp16 backward, and the weight
-# gradients computed from them would be lost too. Multiplying the loss by $S$ multiplies every
+# Multiplying the loss by $S$ multiplies every
 # gradient by $S$ (backward is linear in the loss) and moves the whole histogram up by $\log_2 S$;
 # nothing overflows until the largest gradient passes 65504. Where the loss is large (the new task),
 # few gradients are in danger, and a large $S$ starts overflowing the largest ones.
@@ -435,6 +437,64 @@ from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_mixe
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# ### Your lecture notes vs what we measure: where the scale goes
+#
+# The lecture notes sum AMP up as "scale the loss, then step", which leaves open what the optimizer
+# sees. Precisely: the **loss** is multiplied by $S$, so backward produces $S\,\nabla L$; the
+# **gradients** are divided by $S$ (unscaled) before the optimizer reads them; the **update** is
+# therefore the float32 update, never $S$ times it. (An optimizer fed the scaled gradients would
+# step $S$ times too far with SGD; Adam would hide it, except in its $\epsilon$ and in gradient
+# clipping thresholds.) Check each stage against a float32 step, with your `GradScaler`:
+
+# %%
+import copy
+
+torch.manual_seed(0)
+net_box = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 3))
+x_box, y_box = torch.randn(32, 6), torch.randint(0, 3, (32,))
+S_BOX = 1024.0
+
+
+def sgd_step(amp, unscale=True):
+    """One SGD step of a copy of net_box; returns (loss used for backward, grads the optimizer saw, update)."""
+    net = copy.deepcopy(net_box)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in net.parameters()]
+    scaler = GradScaler(init_scale=S_BOX)
+    with torch.autocast("cpu", dtype=torch.float16, enabled=amp):
+        loss = F.cross_entropy(net(x_box), y_box)
+    backward_loss = scaler.scale(loss) if amp else loss
+    backward_loss.backward()
+    grads_after_backward = torch.cat([p.grad.flatten() for p in net.parameters()])
+    if amp and unscale:
+        scaler.unscale_(opt)
+    seen = torch.cat([p.grad.flatten() for p in net.parameters()])
+    if amp and unscale:
+        scaler.step(opt)  # the optimizer steps on the unscaled gradients
+    else:
+        opt.step()
+    update = torch.cat([(p.detach() - b).flatten() for p, b in zip(net.parameters(), before)])
+    return backward_loss.item(), grads_after_backward, seen, update
+
+
+ref_loss, ref_grad, _, ref_update = sgd_step(amp=False)
+amp_loss, amp_raw, amp_seen, amp_update = sgd_step(amp=True)
+_, _, _, bad_update = sgd_step(amp=True, unscale=False)
+
+
+def norm_ratio(a, b):
+    return (a.norm() / b.norm()).item()
+
+
+display(Markdown(
+    f"Loss scale $S$ = {S_BOX:g}, fp16 autocast, one SGD step:\n\n| stage | AMP / float32 |\n|---|---|\n"
+    f"| loss that backward starts from | {amp_loss / ref_loss:,.1f} |\n"
+    f"| gradients after backward | {norm_ratio(amp_raw, ref_grad):,.1f} |\n"
+    f"| gradients after `unscale_` (what the optimizer sees) | {norm_ratio(amp_seen, ref_grad):.4f} |\n"
+    f"| parameter update | {norm_ratio(amp_update, ref_update):.4f} |\n"
+    f"| parameter update if `unscale_` is forgotten | {norm_ratio(bad_update, ref_update):,.1f} |"))
+
+# %% [markdown]
 # ## 5. Measure it: what autocast saves for backward
 #
 # Autocast halves the bytes of what the matmuls save (their half-precision inputs), but not of
@@ -485,15 +545,36 @@ display(Markdown(f"TinyGPT (d=64, 2 layers), batch {BATCH} × 32 tokens\n\n"
 #
 # Fine-tune the pretrained model on the new task with Adam, the same batches for each variant, using
 # your `mixed_precision_step` and your `GradScaler`. CPU autocast runs real fp16 and bf16 matmuls
-# here (no simulation). Right: the fraction of weight-gradient entries that are exactly 0 after
-# each backward, the signature of underflow.
+# here (no simulation).
+#
+# **Where underflow bites.** One small batch with a plain mean loss gives gradients far above
+# $2^{-24}$ (section 3's new task), and Adam divides every update by the gradient's own running
+# magnitude, so fp16 would look harmless. Real training runs are different: a language model's
+# batch holds millions of tokens (paper: GPT-3 used 3.2M per step, Brown et al. 2020), split into
+# micro-batches whose gradients are accumulated (chapter 3). Each micro-batch's loss is then
+# weighted by its share of the batch, `tokens_in_micro_batch / GLOBAL_TOKENS`, and its whole
+# backward pass, in fp16, runs on gradients that many times smaller. We reproduce exactly that
+# backward: each step runs one micro-batch of a $2^{21}$-token batch (the other micro-batches
+# would add gradients of the same size; float32 Adam divides the constant factor out, up to its
+# $\epsilon$).
+# Left: the training loss (unweighted). Right: the fraction of gradient entries that are exactly 0
+# after each backward, the signature of underflow. Set `GLOBAL_TOKENS = TOKENS` to see the
+# plain small-batch case.
 
 # %%
 from tqdm.auto import tqdm
 
-STEPS, LR = fast(150, 20), 3e-3
+STEPS, LR, MICRO_BATCH = fast(80, 12), 3e-3, 8
+TOKENS = MICRO_BATCH * target_train.x.shape[1]  # tokens in one micro-batch
+GLOBAL_TOKENS = 2 ** 21  # tokens per optimizer step in the run this micro-batch belongs to
+LOSS_WEIGHT = TOKENS / GLOBAL_TOKENS
 VARIANTS = {"float32": (None, False), "bf16": (torch.bfloat16, False), "fp16 + GradScaler": (torch.float16, True),
             "fp16, no scaler": (torch.float16, False)}
+
+
+def weighted_lm_loss(logits, targets):
+    """The micro-batch's share of the batch's mean loss."""
+    return lm_loss(logits, targets) * LOSS_WEIGHT
 
 
 def train(dtype, use_scaler, steps=STEPS, task=target_train):
@@ -502,17 +583,17 @@ def train(dtype, use_scaler, steps=STEPS, task=target_train):
     opt = torch.optim.Adam(model.parameters(), lr=LR)
     scaler = GradScaler() if use_scaler else None
     hist = {"loss": [], "zero": [], "scale": []}
-    for x, y in batches(task, 32, steps, seed=0):
+    for x, y in batches(task, MICRO_BATCH, steps, seed=0):
         if dtype is None:  # the float32 baseline
             opt.zero_grad(set_to_none=True)
-            loss = lm_loss(model(x), y)
+            loss = weighted_lm_loss(model(x), y)
             loss.backward()
             opt.step()
             loss = loss.item()
         else:
-            loss = mixed_precision_step(model, opt, scaler, x, y, lm_loss, dtype)
+            loss = mixed_precision_step(model, opt, scaler, x, y, weighted_lm_loss, dtype)
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-        hist["loss"].append(loss)
+        hist["loss"].append(loss / LOSS_WEIGHT)
         hist["zero"].append((grads == 0).float().mean().item())
         hist["scale"].append(scaler.get_scale() if scaler else None)
     return hist
@@ -524,26 +605,37 @@ for name, h in curves.items():
     ax_l.plot(h["loss"], label=name, lw=1)
     ax_z.plot(h["zero"], label=name, lw=1)
 ax_l.set(yscale="log", xlabel="step", ylabel="training loss", title="fine-tuning on the new task")
-ax_z.set(xlabel="step", ylabel="fraction of weight gradients == 0", title="gradient entries lost")
+ax_z.set(xlabel="step", ylabel="fraction of gradients == 0", title="gradient entries lost to underflow")
 ax_l.legend(fontsize=8, frameon=False)
 fig.tight_layout()
 plt.show()
 tail = max(1, STEPS // 10)
-display(Markdown("| variant | final loss (mean of last steps) | zero gradient entries (last steps) |\n|---|---|---|\n"
-                 + "\n".join(f"| {n} | {np.mean(h['loss'][-tail:]):.4f} | {np.mean(h['zero'][-tail:]):.2%} |"
-                             for n, h in curves.items())))
+final = {n: np.mean(h["loss"][-tail:]) for n, h in curves.items()}
+zeros = {n: np.mean(h["zero"][-tail:]) for n, h in curves.items()}
+display(Markdown(f"Micro-batch of {TOKENS} tokens in a batch of {GLOBAL_TOKENS:,}: loss weight 2^{math.log2(LOSS_WEIGHT):.0f}."
+                 "\n\n| variant | final loss (mean of last steps) | zero gradient entries (last steps) |\n|---|---|---|\n"
+                 + "\n".join(f"| {n} | {final[n]:.4f} | {zeros[n]:.2%} |" for n in curves)))
 scales = curves["fp16 + GradScaler"]["scale"]
-print("fp16 loss scale: start 65536, after the first steps", scales[:6], "final", scales[-1])
+display(Markdown(
+    f"Without a scaler, fp16 ends at a loss of {final['fp16, no scaler']:.3f} against {final['float32']:.3f} "
+    f"in float32 ({final['fp16, no scaler'] / final['float32']:.1f}×), with {zeros['fp16, no scaler']:.0%} of the "
+    f"gradient entries exactly 0 at the end. With your `GradScaler` fp16 ends at {final['fp16 + GradScaler']:.3f} "
+    f"and bf16, unscaled, at {final['bf16']:.3f}. " + (
+        f"The scale stayed at its initial {scales[-1]:g}: with gradients this small nothing overflowed."
+        if min(scales) == max(scales) == GradScaler().get_scale() else
+        f"The scale went from {GradScaler().get_scale():g} to {scales[-1]:g} "
+        f"({sum(b < a for a, b in zip([GradScaler().get_scale()] + scales, scales))} overflow steps skipped).")))
 
 # %% [markdown]
-# At this scale the four curves nearly coincide: the loss starts at 17 (the pretrained model is
-# confidently wrong on the new task), the gradients are large, and Adam divides each update by the
-# gradient's own running magnitude, so a uniformly small gradient does not hurt it. What does show
-# is the underflow itself: as the loss falls, fp16 without a scaler returns exactly-zero gradient
-# entries, which the scaled run and bf16 do not. The scaler overflowed on its first steps (the
-# initial $2^{16}$ is too large for a loss of 17) and backed off on its own. The effect grows with the
-# depth and the size of the network and with small-loss phases, as section 3 showed for the pretrained
-# task.
+# Underflow is not all or nothing. The gradients of the logits come from the float32 loss and stay
+# representable; each layer further down multiplies them by weights well below 1 and by the softmax and
+# GELU derivatives, so the gradients reaching the lower layers and the embeddings are smaller, and
+# those are the entries that become exactly 0. Their parameters stop learning, and the loss falls
+# more slowly and stalls higher; the fraction of lost entries grows as the loss falls, because
+# smaller losses have smaller gradients (section 3). The loss scale lifts everything by $\log_2 S$;
+# bf16 has float32's exponent range and loses nothing. The cost of the failure depends on the
+# magnitudes, not on the precision: the same fp16 run with `GLOBAL_TOKENS = TOKENS` keeps up with
+# float32.
 #
 # ## 7. Play with it: choose the loss scale
 #
@@ -575,10 +667,9 @@ slider_plot(draw, figsize=(9, 3.6), log2_scale=(0, 32, 1))
 # ## 8. What the paper reports vs what we measured
 #
 # Micikevicius et al., *Mixed Precision Training* (ICLR 2018): float32 master weights, fp16
-# forward and backward, loss scaling. They report that about 5% of the weight gradients of a
-# Mandarin speech model have exponents below $-24$ (zero in fp16); that the Multibox SSD detector
-# diverges without loss scaling and trains to float32 accuracy with a scale of 8; and memory "nearly
-# 2×" smaller.
+# forward and backward, loss scaling. Paper: about 5% of the weight gradients of a Mandarin speech
+# model have exponents below $-24$ (zero in fp16); the Multibox SSD detector diverges without loss
+# scaling and trains to float32 accuracy with a scale of 8; memory "nearly 2×" smaller.
 
 # %%
 pre_w = next(f for t, k, _, f in underflow_rows if t == "pretrained task" and k == "weight")
@@ -594,26 +685,33 @@ table = [("weight gradients that are 0 in fp16 (unscaled)", "≈ 5% (speech mode
          ("final loss, fp16 + scaling / float32", "matches float32",
           f"{final['fp16 + GradScaler']:.4f} / {final['float32']:.4f}", 1.0,
           final["fp16 + GradScaler"] / final["float32"]),
+         ("fp16 without loss scaling", "SSD diverges",
+          f"final loss {final['fp16, no scaler'] / final['float32']:.1f}× float32's, "
+          f"{zeros['fp16, no scaler']:.0%} of gradient entries 0 (2^21-token batch)", None, None),
          ("memory saved for backward, float32 / fp16", "nearly 2×", f"{ratio:.2f}× (activations only)", 2.0, ratio)]
 literature_table(table, source="Micikevicius et al. 2018")
 fig, ax = plt.subplots(figsize=(7, 3))
-paired_bars(ax, ["fp16 loss /\nfloat32 loss", "memory\nfloat32 / fp16"], [1.0, 2.0], [table[2][4], table[3][4]],
+paired_bars(ax, ["fp16 loss /\nfloat32 loss", "memory\nfloat32 / fp16"], [1.0, 2.0], [table[2][4], table[4][4]],
             source="paper")
 ax.set_ylabel("ratio (×)")
 fig.tight_layout()
 plt.show()
 
+# %%
+display(Markdown(
+    "The mechanism reproduces: gradients of a model that fits its data sit below $2^{-24}$ and a loss "
+    f"scale brings them back. The scale needed differs: the paper's SSD needed 8, while our converged model's "
+    f"activation gradients sit so low (median $2^{{{pre_med:.0f}}}$) that $S = 8$ still loses {pre_a[3]['zero']:.0%} "
+    f"of them ($2^{{10}}$: {pre_a[10]['zero']:.0%}, $2^{{16}}$: {pre_a[16]['zero']:.1%}), which is why dynamic "
+    "scaling, starting high and backing off, is the default. Without scaling, training on small-magnitude losses "
+    f"stalls ({final['fp16, no scaler'] / final['float32']:.1f}× float32's final loss here) rather than diverging "
+    "as the paper's SSD did; with the scaler, fp16 matches float32 "
+    f"({final['fp16 + GradScaler'] / final['float32']:.2f}×), and so does bf16 without one. The memory saving is "
+    f"{ratio:.2f}×, not the paper's 2×: in a 64-wide model much of what is saved comes from float32 ops (LayerNorm, the loss), "
+    "and the paper's 2× also counts weights and activations stored in fp16 throughout (we keep float32 master "
+    "weights and let autocast decide per op)."))
+
 # %% [markdown]
-# The mechanism reproduces exactly: gradients of a model that fits its data sit far below
-# $2^{-24}$ and a loss scale brings them back. The scale needed differs: a scale of 8 sufficed for
-# the paper's SSD, while our converged model's activation gradients sit so low (median $2^{-30}$) that
-# $S = 8$ still loses most of them and $2^{10}$ to $2^{16}$ is needed, which is why dynamic scaling,
-# starting high and backing off, is the default. The memory saving is smaller than 2× here because in a
-# 64-wide model much of what is saved comes from float32 ops (LayerNorm, the loss) and the paper's 2×
-# also counts weights and activations stored in fp16 throughout (we keep float32 master weights and
-# let autocast decide per op). The training outcome matches float32 for fp16 with scaling and for
-# bf16; without scaling, fp16 here loses gradient entries but the small model and Adam hide it.
-#
 # ## 9. Summary
 #
 # - fp16 has 10 mantissa bits and a range of $2^{-24}$ … 65504; bf16 has 7 mantissa bits and
@@ -623,6 +721,10 @@ plt.show()
 #   follow their inputs.
 # - Small gradients flush to zero in an fp16 backward; multiplying the loss by $S$ shifts them up by
 #   $\log_2 S$. Dynamic loss scaling finds $S$: skip the step and back off on inf/NaN, grow after a run
-#   of clean steps, unscale exactly once.
+#   of clean steps, unscale exactly once. The update is never scaled: the optimizer sees unscaled
+#   gradients.
+# - Where gradients are small (a micro-batch's share of a large batch's loss), fp16 without a
+#   scaler loses gradient entries to underflow and its training stalls; with the scaler it trains
+#   like float32.
 # - bf16 needs no scaler. Activation memory drops, but by less than 2× when float32 ops save their
 #   inputs.
