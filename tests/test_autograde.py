@@ -47,7 +47,7 @@ def batch(tmp_path_factory):
     write(sub, "broken", "ch00_memory", "{ this is not a notebook")
     (sub / "missing" / "ch00_memory").mkdir(parents=True)
     write(sub, "hangs", "ch00_memory", with_exercise("ch00_memory", "predict_training_memory", HANG))
-    proc = autograde(sub, out, "--workers", "2", "--timeout", "30")
+    proc = autograde(sub, out, "--workers", "2", "--timeout", "60")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return sub, out, read_grades(out)
 
