@@ -35,6 +35,14 @@ from coursekit.models import mlp
 from coursekit.transformer import GPTConfig, TinyGPT
 from grader import probes
 from grader.api import fetch, hidden_test
+from grader.source_policy import Shortcut, SourcePolicy
+
+# The course's gather-GEMM (kernels.ch06_sparse_backprop) computes the unified backward's two products.
+SOURCE_POLICY = SourcePolicy(shortcuts=(
+    Shortcut(paths=("kernels.ch06_sparse_backprop",),
+             instead="write the backward with torch operations (topk, index_select, index_copy, matrix products); "
+                     "the course's gather-GEMM is its own answer"),
+))
 
 TOL = dict(atol=1e-4, rtol=1e-4)  # float32 products of length ≤ 53 against float64
 CHAPTER_SHAPES = [(37, 29, 53), (6, 40, 9)]  # (B, n_in, n_out)
