@@ -26,6 +26,8 @@
 # - the 4-bit NormalFloat (NF4) codebook of QLoRA (Dettmers et al. 2023), built from quantiles
 #   of the normal distribution, and its memory cost: 4.5 bits per parameter, ≈ 4.127 with
 #   double quantization;
+# - why NF4 is a lookup table rather than a float format, and what its dequantize step costs;
+# - how a classifier's accuracy and loss fall as its weights lose bits, absmax and NF4 side by side;
 # - QLoRA: a frozen 4-bit base plus a LoRA update, fine-tuned against plain LoRA on the task
 #   of chapter 1, with memory and accuracy measured.
 
@@ -74,6 +76,25 @@ for name, dtype in FORMATS.items():
                 f"| {fi.eps:.3g} | {-math.log10(fi.eps):.1f} |")
 display(Markdown("| format | bits | largest | smallest normal | smallest subnormal | epsilon | decimal digits |\n"
                  "|---|---|---|---|---|---|---|\n" + "\n".join(rows)))
+
+# %% [markdown]
+# ### Your lecture notes vs what we measure: integers in 16 bits
+#
+# The lecture notes present bf16 as the 16-bit format that approximates integers better than fp16.
+# It is the other way round. A format with $M$ mantissa bits holds every integer up to $2^{M+1}$
+# exactly (the implicit leading 1 plus $M$ bits): $2^{11} = 2048$ for fp16, $2^8 = 256$ for bf16.
+# Past that, the spacing between neighbours exceeds 1 and integers start to round: in bf16, 257
+# is already 256. What bf16 buys with its mantissa bits is range: float32's exponent, so large
+# values that are `inf` in fp16 stay finite (if rounded). Count it:
+
+# %%
+integers = torch.arange(1, 2 ** 17 + 1, dtype=torch.float32)  # exact in float32
+for name in ("fp16", "bf16"):
+    back = integers.to(FORMATS[name]).float()
+    first = int(integers[back != integers][0])  # the first integer the format cannot hold
+    exact = int((back == integers).sum())
+    print(f"{name}: every integer up to {first - 1} exact; {first} -> {back[first - 1]:g}; "
+          f"{exact:,} of the integers 1..{2 ** 17:,} exact; 1e6 -> {torch.tensor(1e6).to(FORMATS[name]).item():g}")
 
 # %% [markdown]
 # ## 2. Rounding: to nearest, ties to even
@@ -161,7 +182,7 @@ print(f"over {weights.numel():,} weights of the {len(LINEARS)} Linear layers of 
 
 # %% [markdown]
 # Truncation always shrinks the magnitude, so its mean change is minus its typical error; the
-# nearest-even errors go both ways and average out to almost nothing (and are half as large).
+# nearest-even errors go both ways and average out to almost nothing (and are smaller).
 # Sums of many values (a matmul's accumulation, an optimizer's updates) inherit the bias of the
 # first and not of the second.
 #
@@ -348,7 +369,7 @@ for block in (16, 64, 1024, spiky.numel()):
 
 # %% [markdown]
 # With one scale for the whole tensor the outlier sets a step so coarse that almost every other
-# value rounds to zero (relative error near 1). With blocks of 64, only its own block suffers.
+# value rounds to zero (the last line). With blocks of 64, only its own block suffers.
 # Smaller blocks also fit each block's own range better, even without outliers, at the cost of
 # more scales.
 #
@@ -494,9 +515,63 @@ from grader.api import run_hidden; run_hidden("ch08_quantization", "test_nf4_deq
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# ### Your lecture notes vs what we measure: NF4 is a lookup table
+#
+# The lecture notes list NF4 among the 4-bit floating-point formats. It has no sign, exponent or
+# mantissa fields: a code is an index into the 16 values you computed, and decoding is a table
+# lookup, `codebook[code] * absmax`. A real 4-bit float decodes its bits arithmetically, like
+# section 1: E2M1 (1 sign, 2 exponent, 1 mantissa bit) holds 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their
+# negatives, evenly spaced within each power of two, the spacing doubling from one power to the
+# next. NF4's spacing grows smoothly instead, following the normal distribution's quantiles, and
+# no exponent/mantissa split produces it. Both scaled to a largest value of 1:
+
+# %%
+e2m1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]) / 6
+nf4_positive = nf4_codebook()[7:]  # 0 and the 8 positive levels
+for name, levels in (("E2M1 (a 4-bit float)", e2m1), ("NF4 (a lookup table)", nf4_positive)):
+    print(f"{name:>21}: levels " + " ".join(f"{v:.3f}" for v in levels.tolist()))
+    print(f"{'gaps':>30} " + " ".join(f"{v:.3f}" for v in levels.diff().tolist()))
+
+# %% [markdown]
+# Being a table has a cost. Weight-only NF4 stores the weights in 4 bits but computes in float:
+# every use of the weight first **dequantizes** it (unpack, look up, multiply by the absmax),
+# which reads the 4-bit codes and *writes* a full float32 weight, and only then runs the same
+# matmul as before. So NF4 is not faster by itself; it is an extra step in front of the same
+# work. Timed on one 1024 × 1024 layer (wall clock on a shared CPU, medians of repeated runs):
+
+# %%
+from torch.utils import benchmark
+
+w_layer = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(4)) * 0.02
+w_packed, w_absmax = nf4_quantize(w_layer)
+timings = {}
+for batch in (1, 256):
+    x_in = torch.randn(batch, 1024)
+    for name, stmt in (("float32 weight", "torch.nn.functional.linear(x, w)"),
+                       ("NF4 weight", "torch.nn.functional.linear(x, nf4_dequantize(p, a, w.shape))")):
+        timer = benchmark.Timer(stmt, globals={"torch": torch, "x": x_in, "w": w_layer, "p": w_packed,
+                                               "a": w_absmax, "nf4_dequantize": nf4_dequantize})
+        timings[name, batch] = timer.blocked_autorange(min_run_time=0.2).median
+dequant_time = benchmark.Timer("nf4_dequantize(p, a, shape)", globals={
+    "nf4_dequantize": nf4_dequantize, "p": w_packed, "a": w_absmax, "shape": w_layer.shape}
+).blocked_autorange(min_run_time=0.2).median
+for batch in (1, 256):
+    print(f"batch {batch:>3}: float32 linear {timings['float32 weight', batch] * 1e3:6.2f} ms, NF4 linear "
+          f"{timings['NF4 weight', batch] * 1e3:6.2f} ms ({timings['NF4 weight', batch] / timings['float32 weight', batch]:.1f}×)")
+print(f"the dequantize step alone: {dequant_time * 1e3:.2f} ms; it reads "
+      f"{(w_packed.nbytes + w_absmax.nbytes) / 2 ** 20:.2f} MB and writes {w_layer.nbytes / 2 ** 20:.0f} MB")
+
+# %% [markdown]
+# The dequantize step costs the same whatever the batch, so it weighs most when the matmul is
+# small. What NF4 saves is memory: the stored weight. Speed can come only from a kernel that fuses
+# the lookup into the matmul, so that the 4-bit codes are the only bytes read from memory and no
+# float32 weight is ever written; that pays off where the matmul waits for memory (small batches on
+# a GPU), which is what the Triton kernel of section 8 prepares.
+
+# %% [markdown]
 # ## 5. Measure it: the error of each format
 #
-# Now every format on real numbers: the 99k weights of the pretrained TinyGPT's Linear layers, and
+# Now every format on real numbers: the weights of the pretrained TinyGPT's Linear layers, and
 # the activations entering those layers on a batch of its own task (captured with forward
 # hooks). The integer and NF4 formats use blocks of 64. Two measures: the relative RMS error of
 # the numbers, and what it does to the model, the next-token accuracy on the source task with all
@@ -554,15 +629,18 @@ display(Markdown(f"fp32 model: {base_acc:.1%} source-task accuracy. NF4 vs int4 
                  "| accuracy, activations quantized |\n|---|---|---|---|---|\n" + "\n".join(
                      f"| {f} | {e['weights']:.2e} | {e['activations']:.2e} | {e['acc_w']:.1%} | {e['acc_a']:.1%} |"
                      for f, e in errors.items())))
+display(Markdown(f"int8 with blocks of 64 has {errors['int8 absmax']['weights'] / errors['bf16']['weights']:.1f}× "
+                 f"bf16's error on the weights; 4 bits cost {errors['int4 absmax']['weights']:.0%} (int4) and "
+                 f"{errors['NF4']['weights']:.0%} (NF4). With all weights in int4 the accuracy is "
+                 f"{errors['int4 absmax']['acc_w']:.1%}, in NF4 {errors['NF4']['acc_w']:.1%} (float32: {base_acc:.1%})."))
 
 # %% [markdown]
-# The 16-bit formats lose only the digits their mantissas lack: about $2^{-12}$ relative error for
-# fp16 and $2^{-9}$ for bf16, eight times more (half a unit in the last place, on average less).
-# int8 with blocks of 64 is a few times worse than bf16; 4 bits cost about 10%. NF4 beats uniform
-# int4 at the same size, on the weights (close to normal, as NF4 assumes) and, here, on the
-# activations too. And the model? Its accuracy barely moves even at 4 bits: it has learned a
-# deterministic rule with large margins between the right token and the others, so a 10% error in
-# the weights does not flip its decisions. Larger models trained on harder data have smaller
+# The 16-bit formats lose only the digits their mantissas lack: at most half a unit in the last
+# place, a relative $2^{-11}$ for fp16 and $2^{-8}$ for bf16, eight times more (on average less).
+# The integer formats are coarser, and NF4 beats uniform int4 at the same size on the weights (close
+# to normal, as NF4 assumes) and on the activations. And the model? Its accuracy barely moves even
+# at 4 bits: it has learned a deterministic rule with large margins between the right token and
+# the others, so an error of that size in the weights does not flip its decisions. Larger models trained on harder data have smaller
 # margins; that is where the 4-bit formats are told apart by perplexity, as in the QLoRA paper.
 #
 # ## 6. Bytes per parameter, measured from the stored tensors
@@ -671,6 +749,105 @@ slider_plot(draw_bits_error, ncols=2, figsize=(11, 3.6), bits=(2, 8, 1), default
 # Each extra bit halves the error (a straight line on the log scale), as long as the step, not the
 # clipping, sets it. NF4 sits below the 4-bit integer point at the same memory.
 #
+# ### Measure it: quality against bits per weight
+#
+# The pretrained TinyGPT has learned a deterministic rule with wide margins (section 5), so its
+# accuracy hides the errors. A model with narrower margins shows what they cost: a classifier of
+# sklearn's 8 × 8 handwritten digits, an MLP 64 → 256 → 256 → 10 trained here in a few seconds
+# with the recipe of large models (normal initialisation, AdamW with weight decay), which keeps its
+# weights close to normal, the distribution NF4 is built for. Every weight matrix goes through
+# your functions (blocks of 64): absmax at each width from 2 to 8 bits, and NF4. Bits per weight
+# count the codes at their width plus the float32 scales, from the tensors the functions return.
+
+# %%
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+
+digits_x, digits_y = (torch.tensor(a) for a in load_digits(return_X_y=True))
+digits_x = digits_x.float() / 16  # pixel intensities 0..16 -> 0..1
+split = torch.randperm(len(digits_x), generator=torch.Generator().manual_seed(0))
+train_idx, test_idx = split[:1200], split[1200:]
+
+
+def train_digits(seed=0, steps=300):
+    """MLP 64-256-256-10, Kaiming-normal weights, AdamW (lr 1e-3, weight decay 0.1), batches of 64."""
+    torch.manual_seed(seed)
+    layers = []
+    for fan_in, fan_out in ((64, 256), (256, 256), (256, 10)):
+        layer = nn.Linear(fan_in, fan_out)
+        nn.init.normal_(layer.weight, std=math.sqrt(2 / fan_in))
+        nn.init.zeros_(layer.bias)
+        layers += [layer, nn.ReLU()]
+    net = nn.Sequential(*layers[:-1])
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.1)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        idx = train_idx[torch.randint(0, len(train_idx), (64,), generator=g)]
+        loss = F.cross_entropy(net(digits_x[idx]), digits_y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return net
+
+
+classifier = train_digits()
+trained_state = {k: v.clone() for k, v in classifier.state_dict().items()}
+
+
+def absmax_format(bits):
+    def roundtrip(w):
+        codes, scales = absmax_quantize(w, bits, 64)
+        return absmax_dequantize(codes, scales, 64, w.shape), bits * codes.numel() + 8 * scales.nbytes
+    return roundtrip
+
+
+def nf4_format(w):
+    packed, absmax = nf4_quantize(w)
+    return nf4_dequantize(packed, absmax, w.shape), 8 * (packed.nbytes + absmax.nbytes)
+
+
+def quality(roundtrip):
+    """(bits per weight, test accuracy, test loss) with every weight matrix of the classifier quantized."""
+    classifier.load_state_dict(trained_state)
+    bits, n = 0, 0
+    with torch.no_grad():
+        for layer in classifier[::2]:
+            w_hat, stored = roundtrip(layer.weight) if roundtrip else (layer.weight.clone(), 32 * layer.weight.numel())
+            layer.weight.copy_(w_hat)
+            bits, n = bits + stored, n + layer.weight.numel()
+        logits = classifier(digits_x[test_idx])
+    return bits / n, (logits.argmax(1) == digits_y[test_idx]).float().mean().item(), \
+        F.cross_entropy(logits, digits_y[test_idx]).item()
+
+
+sweep = {"float32": quality(None), **{f"int{b} absmax": quality(absmax_format(b)) for b in range(2, 9)},
+         "NF4": quality(nf4_format)}
+classifier.load_state_dict(trained_state)
+display(Markdown("| weights | bits per weight | test accuracy | test loss |\n|---|---|---|---|\n" + "\n".join(
+    f"| {f} | {b:.2f} | {a:.1%} | {l:.4f} |" for f, (b, a, l) in sweep.items())))
+fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 3.4))
+int_rows = [sweep[f"int{b} absmax"] for b in range(2, 9)]
+for ax, col, label in ((ax_acc, 1, "test accuracy"), (ax_loss, 2, "test loss")):
+    ax.plot([r[0] for r in int_rows], [r[col] for r in int_rows], "o-", color="#c44e52", label="int absmax, blocks of 64")
+    ax.plot([sweep["NF4"][0]], [sweep["NF4"][col]], "s", ms=8, color="#4c72b0", label="NF4")
+    ax.axhline(sweep["float32"][col], color="gray", ls=":", label="float32")
+    ax.set(xlabel="stored bits per weight", ylabel=label)
+    ax.legend(fontsize=8, frameon=False)
+ax_loss.set_yscale("log")
+fig.tight_layout()
+plt.show()
+b2, b4, nf, f32 = sweep["int2 absmax"], sweep["int4 absmax"], sweep["NF4"], sweep["float32"]
+display(Markdown(
+    f"Lower precision degrades quality, and not gradually: at {b2[0]:.1f} bits per weight the classifier drops to "
+    f"{b2[1]:.1%} accuracy (float32: {f32[1]:.1%}) and its test loss grows {b2[2] / f32[2]:.1f}×; from 5 bits on, "
+    f"the loss stays within {max(abs(sweep[f'int{b} absmax'][2] / f32[2] - 1) for b in range(5, 9)):.0%} of "
+    f"float32's. At the same {nf[0]:.1f} bits, NF4 {'beats' if nf[2] < b4[2] else 'does not beat'} int4 absmax: "
+    f"test loss {nf[2]:.4f} against {b4[2]:.4f}, a loss increase over float32 "
+    f"{(b4[2] - f32[2]) / max(nf[2] - f32[2], 1e-12):.1f}× smaller. The 4-bit gap is small next to what the "
+    "narrowest widths cost; on a model this small it depends on the weights (try `train_digits(seed=1)`), and "
+    "heavier-tailed weights, where the uniform grid's finer outer levels matter more, can reverse it."))
+
+# %% [markdown]
 # ## 7. QLoRA: a frozen 4-bit base plus LoRA
 #
 # QLoRA fine-tunes a model whose frozen weights are stored in NF4: in every forward pass the
@@ -775,7 +952,7 @@ from tqdm.auto import tqdm
 from coursekit import measure, model_state_bytes
 
 TARGETS = ("qkv", "proj", "fc1", "fc2")
-RANK, ALPHA, BATCH, STEPS = 4, 8.0, 32, fast(200, 20)
+RANK, ALPHA, BATCH, STEPS = 4, 8.0, 32, fast(100, 20)
 target_train = target_task(fast(4000, 512), seed=101)
 target_test = target_task(fast(2000, 256), seed=102)
 
@@ -846,27 +1023,29 @@ display(Markdown(
         f"| {(r['state']['grads'] + r['state']['optimizer_state']) / KB:,.0f} KB | {r['acts'] / KB:,.0f} KB "
         f"| {r['acc']:.1%} |" for n, r in runs.items())))
 
+# %%
+lora_run, qlora_run = runs["LoRA"], runs["QLoRA"]
+display(Markdown(f"""What the table says:
+
+- **Frozen weights shrink {lora_run['frozen'] / qlora_run['frozen']:.1f}×** (float32 → 4.5 bits is
+  {32 / 4.5:.1f}× for the weights alone; the biases stay float32). The whole model shrinks
+  {lora_run['all'] / qlora_run['all']:.1f}× because the embeddings, LayerNorms and head stay in float32; in a large
+  model the Linear weights are nearly everything.
+- **Gradients and Adam state are {'identical' if all(lora_run['state'][k] == qlora_run['state'][k]
+  for k in ('grads', 'optimizer_state')) else 'different'}**: the same LoRA matrices train.
+- **Activations grow by {(qlora_run['acts'] - lora_run['acts']) / KB:,.0f} KB** with our `QLoRALinear`:
+  `F.linear` saves its weight for the input gradient, and the dequantized weight is a fresh tensor, so it counts
+  as saved memory during the step: one float32 copy of each targeted weight whose input needs a gradient (all but
+  block 0's `qkv`, fed by frozen embeddings). bitsandbytes avoids it with a custom `autograd.Function` that saves
+  the 4-bit weight and dequantizes again in backward.
+- **Accuracy.** After {STEPS} steps QLoRA reaches {qlora_run['acc']:.1%} on the target task against
+  {lora_run['acc']:.1%} for LoRA. {"On this easy task the comparison cannot separate them" if abs(qlora_run['acc']
+  - lora_run['acc']) < 0.01 else "Both are still learning at this budget: raise STEPS to see whether the gap closes"};
+  the paper's claim is about much harder benchmarks.
+- **Compute.** Every forward pass dequantizes every targeted weight again: the extra step timed in section 4, paid
+  once per layer and step whatever the batch; on a GPU a fused kernel (below) runs it at memory bandwidth."""))
+
 # %% [markdown]
-# What the table says:
-#
-# - **Frozen weights shrink 6.6×** (float32 → 4.5 bits is 7.1× for the weights alone; the biases
-#   stay float32). The whole model shrinks less because the embeddings, LayerNorms and head stay in float32; in a large
-#   model the Linear weights are nearly everything.
-# - **Gradients and Adam state are identical**: the same LoRA matrices train.
-# - **Activations grow a little** with our `QLoRALinear`: `F.linear` saves its weight for the
-#   input gradient, and the dequantized weight is a fresh tensor, so it counts as saved memory
-#   during the step: one float32 copy of each targeted weight whose input needs a gradient (all but
-#   block 0's `qkv`, fed by frozen embeddings: 336 KB). bitsandbytes avoids it with a custom
-#   `autograd.Function` that saves the 4-bit weight and dequantizes again in backward.
-# - **Accuracy.** Storing the base in NF4 costs this model nothing on its own task (the margins of
-#   section 5), and after 200 steps QLoRA reaches the same target accuracy as LoRA (both 100% in
-#   our full run; the short test run stops far earlier). On this easy task the comparison cannot
-#   separate them; the paper's claim is about much harder benchmarks.
-# - **Compute.** Every forward pass dequantizes every targeted weight again: one extra pass over
-#   the weights per step, cheap next to the matmuls, and on a GPU a fused kernel (below) runs it at
-#   memory bandwidth. We do not time it here: on a shared CPU, wall-clock numbers of milliseconds
-#   vary more than the difference.
-#
 # ## 8. A Triton kernel for NF4 dequantization
 #
 # Dequantization reads half a byte and writes four bytes (float32) per value: it is memory bound,
@@ -888,7 +1067,7 @@ print(f"Triton kernel ({'interpreter' if k08.INTERPRETED else 'GPU'}) vs nf4_deq
 # ## 9. What the paper reports vs what we measured
 #
 # Dettmers, Pagnoni, Holtzman and Zettlemoyer, *QLoRA: Efficient Finetuning of Quantized LLMs*
-# (NeurIPS 2023): NF4 with blocks of 64 costs 32/64 = 0.5 bits per parameter for the constants;
+# (NeurIPS 2023). Paper: NF4 with blocks of 64 costs 32/64 = 0.5 bits per parameter for the constants;
 # double quantization brings that to 8/64 + 32/(64·256) = 0.127, saving 0.373 bits per parameter
 # (§3); NF4 gives lower error than int4/FP4; QLoRA with NF4 and double quantization matches 16-bit
 # LoRA and full fine-tuning, and brings the memory to fine-tune a 65B model from more than 780 GB
@@ -907,6 +1086,9 @@ table = [
      memory["NF4"][1] - memory["NF4 + double quant."][1]),
     ("weight error, int4 / NF4", "NF4 better than int4 (perplexity)",
      f"{errors['int4 absmax']['weights'] / errors['NF4']['weights']:.2f}× (relative RMS error)", None, None),
+    ("test loss at 4.5 bits per weight, int4 / NF4", "NF4 better than int4 (perplexity)",
+     f"{sweep['int4 absmax'][2]:.4f} / {sweep['NF4'][2]:.4f} (digits MLP; float32 {sweep['float32'][2]:.4f})",
+     None, None),
     ("frozen weights, fp32 / NF4", "32 / 4.5 = 7.1× (32 / 4.127 = 7.8× with double quantization)",
      f"{lora['frozen'] / qlora['frozen']:.2f}× (biases included, no double quantization)", 32 / 4.5,
      lora["frozen"] / qlora["frozen"]),
@@ -926,8 +1108,8 @@ plt.show()
 # %% [markdown]
 # The bit counts are arithmetic and reproduce exactly on a large matrix; on our small layers the
 # double-quantization constants are padded to whole blocks of 256, so the saving is smaller. The
-# error ranking NF4 < int4 on normal-like weights reproduces. The accuracy claim reproduces on our
-# small task; the paper's headline, 65B fine-tuned on one 48 GB GPU, is the same 4-bit-per-weight
+# error ranking NF4 < int4 on normal-like weights reproduces. The accuracy row compares QLoRA with
+# LoRA after the same short fine-tuning of our small task; the paper's headline, 65B fine-tuned on one 48 GB GPU, is the same 4-bit-per-weight
 # arithmetic at a scale where the weights dominate the memory, which at our scale they do not (the
 # activations do, as in chapter 1).
 
@@ -945,14 +1127,18 @@ display(Markdown(
 # ## 10. Summary
 #
 # - A float is sign × 2^exponent × (1 + mantissa). Exponent bits buy range, mantissa bits precision:
-#   fp16 has precision (10 bits) but overflows at 65504; bf16 has fp32's range with 7 bits of
-#   mantissa.
+#   fp16 has precision (10 bits, every integer up to 2048) but overflows at 65504; bf16 has fp32's
+#   range with 7 bits of mantissa (every integer only up to 256).
 # - Round to nearest, ties to even, is one integer addition on the bits; truncation is biased.
 #   Keep NaNs out of the carry.
 # - Blockwise absmax quantization: one scale per block of 64 keeps outliers local, for 0.5 extra
 #   bits per value; each bit halves the error.
 # - NF4 places 16 levels at normal quantiles (with an exact zero): lower error than int4 on
 #   normal weights at the same 4.5 bits; double quantization brings the cost to ≈ 4.127 bits.
+# - NF4 is a 16-entry lookup table, not a float format; weight-only NF4 adds a dequantize step in
+#   front of the same matmul, so it saves memory, not time, unless a kernel fuses the two.
+# - Lower precision degrades quality, abruptly at the narrowest widths; at the same size, NF4 keeps
+#   a model with normal-like weights closer to float32 than int4 absmax.
 # - QLoRA stores the frozen base in NF4, dequantizes it on the fly and trains LoRA on top: the
-#   frozen weights shrink 6.6× from float32, gradients and optimizer state are LoRA's, and on
-#   our task accuracy matches LoRA.
+#   frozen weights shrink by about 32 / 4.5 from float32, gradients and optimizer state are LoRA's,
+#   and on our task it is compared with LoRA at the same budget (section 7).
