@@ -465,14 +465,16 @@ plt.show()
 
 # %%
 peaks = {k: curve[k]["measured_peak"] for k in range(DEPTH, 0, -1)}  # from many checkpoints to one
-k_min = min(peaks, key=peaks.get)
+least = min(peaks.values())
+lowest = [k for k, p in peaks.items() if p == least]  # several k can tie: checkpoints are freed as backward goes
 for k, p in peaks.items():
     trend = "" if k == DEPTH else ("falls" if p < peaks[k + 1] else "rises" if p > peaks[k + 1] else "flat")
-    print(f"k={k:2}: peak {p / KB:6,.0f} KB {trend}{'   <- least memory' if k == k_min else ''}")
-print(f"fewer checkpoints save memory only down to k = {k_min} (√{DEPTH} = {math.sqrt(DEPTH):.0f}); "
-      f"at k = 1 the peak is {peaks[1] / peaks[k_min]:.1f}× the least, "
-      f"{peaks[1] / base.activation_bytes:.0%} of the plain step's {base.activation_bytes / KB:,.0f} KB")
-assert peaks[1] > peaks[k_min] < peaks[DEPTH]
+    print(f"k={k:2}: peak {p / KB:6,.0f} KB {trend}{'   <- least memory' if k in lowest else ''}")
+print(f"fewer checkpoints save memory only down to k = {max(lowest)}; the least memory holds for "
+      f"k = {min(lowest)}..{max(lowest)} (√{DEPTH} = {math.sqrt(DEPTH):.0f}); at k = 1 the peak is "
+      f"{peaks[1] / least:.1f}× the least, {peaks[1] / base.activation_bytes:.0%} of the plain step's "
+      f"{base.activation_bytes / KB:,.0f} KB")
+assert peaks[1] > least < peaks[DEPTH]
 
 # %% [markdown]
 # The same holds for a transformer, with a block as a "layer": here TinyGPT with 8 blocks, the
