@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from coursekit.checks import check_close
+from coursekit.checks import check_close, same_close
 from grader import probes
 from grader.api import fetch, hidden_test
 
@@ -66,7 +66,7 @@ _SIM_MISTAKES = {
 
 def _sim_hint(h: torch.Tensor, got: torch.Tensor, default: str) -> str:
     for hint, kw in _SIM_MISTAKES.items():
-        if got.shape == (h.shape[0], h.shape[0]) and torch.allclose(got, _similarity(h, **kw), atol=1e-6):
+        if got.shape == (h.shape[0], h.shape[0]) and same_close(got, _similarity(h, **kw), atol=1e-6):
             return hint
     return default
 
@@ -82,7 +82,7 @@ def _check_similarity_call(nb, h: torch.Tensor, what: str, hint: str, grads: boo
     x = h.clone().requires_grad_(True)
     ref = _similarity(x, **rows)
     got = res["value"]
-    if not torch.allclose(got.double(), ref.detach(), **TOL):
+    if not same_close(got.double(), ref.detach(), **TOL):
         check_close(got.double(), ref.detach(), f"{what}: the similarity matrix", _sim_hint(h, got.double(), hint), **TOL)
     if not grads:
         return
@@ -134,7 +134,7 @@ def check_similarity_matrix_conv(nb):
         if got.get("type") == "Tensor" and got["shape"] == [h.shape[0]] * 2 and h.shape[2] * h.shape[3] > 1 \
                 and h.shape[1] > 3:
             value = got["value"].double()
-            if torch.allclose(value, _similarity(h, std_over_space=False), atol=1e-6):
+            if same_close(value, _similarity(h, std_over_space=False), atol=1e-6):
                 raise AssertionError(f"{what}: the map was flattened. {std_hint}")
         _check_similarity_call(nb, h, what, hint)
 
@@ -212,10 +212,10 @@ def _check_predsim_case(nb, what, h, y, sim_head, pred_head, classes, beta, defa
     x = h.clone().requires_grad_(True)
     ref = _predsim(x, y, sh, ph, classes, beta)
     got = res["value"].double()
-    if not torch.allclose(got, ref.detach(), **TOL):
+    if not same_close(got, ref.detach(), **TOL):
         hint = default_hint
         for wrong, text in _PREDSIM_MISTAKES.items():
-            if torch.allclose(got, _predsim(h, y, sim_head, pred_head, classes, beta, wrong).detach(), **TOL):
+            if same_close(got, _predsim(h, y, sim_head, pred_head, classes, beta, wrong).detach(), **TOL):
                 hint = text
                 break
         check_close(got, ref.detach(), f"{what}: the loss", hint, **TOL)
@@ -348,7 +348,7 @@ def _matches(tables, ref_blocks, ref_heads, tol=STEP_TOL) -> bool:
         for j, m in enumerate(modules):
             for name, p in m.named_parameters():
                 got = tables[f"{label} {j}"][name]["value"]
-                if not torch.allclose(got.double(), p.detach(), **tol):
+                if not same_close(got.double(), p.detach(), **tol):
                     return False
     return True
 
@@ -416,7 +416,7 @@ def check_local_training_step_detach(nb):
     for j in range(len(blocks)):
         for name, p in ref_blocks[j].named_parameters():
             got = tables[f"block {j}"][name]["value"].double()
-            if not torch.allclose(got, p.detach(), **STEP_TOL):
+            if not same_close(got, p.detach(), **STEP_TOL):
                 check_close(got, p.detach(), f"{what}: block {j}'s {name} after one step", DETACH_HINT.format(j=j),
                             **STEP_TOL)
 
