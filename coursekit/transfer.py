@@ -18,6 +18,13 @@ with ``conv2d_input`` (weights only), and a BatchNorm whose weight is frozen run
 statistics as the affine map ``x · s + t`` (``s`` is a per-channel constant). Training mode
 follows the same rule: :meth:`TransferCNN.train` leaves a BatchNorm with a frozen weight in eval
 mode, the usual practice when its statistics are not being learned.
+
+:class:`TransferMobileNet` is the second network, the kind TinyTL was designed for (chapter 5): a
+small MobileNetV2 (a stem, then :class:`InvertedResidual` blocks with expansion 6, depthwise 3×3
+convolutions and linear bottlenecks) on the same digits upsampled to ``MOBILENET_SIZE`` pixels a
+side (``digits_tasks(size=...)``), built from the same lean layers and pretrained the same way
+(``make checkpoints``). Its blocks expose ``.conv`` (the block's in/out channels and stride) and one
+``.act`` like :class:`ConvBlock`, so per-block code written for :class:`TransferCNN` runs on it.
 """
 from __future__ import annotations
 
