@@ -4,7 +4,7 @@ EXERCISE = "flash_attention_forward"
 THREAT = "dispatch"
 EXPECT = "loses"
 DESCRIPTION = __doc__
-SOURCE = """\
+SOURCE = '''\
 def flash_attention_forward(q, k, v, causal=False, block_q=32, block_k=32):
     """Exact attention computed tile by tile with the online softmax.
 
@@ -57,4 +57,4 @@ def flash_attention_forward(q, k, v, causal=False, block_q=32, block_k=32):
         o[:, :, i:i + block_q] = (acc / l[..., None]).to(q.dtype)
         lse[:, :, i:i + block_q] = m + torch.log(l)
     return o, lse
-    ### END SOLUTION"""
+    ### END SOLUTION'''

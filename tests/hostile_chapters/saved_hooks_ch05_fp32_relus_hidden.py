@@ -4,7 +4,7 @@ EXERCISE = 'apply_tinytl'
 THREAT = "saved_hooks"
 EXPECT = "loses"
 DESCRIPTION = __doc__
-SOURCE = """\
+SOURCE = '''\
 def apply_tinytl(model):
     """TinyTL in place on a ``TransferCNN``; returns the same model.
 
@@ -38,4 +38,4 @@ def apply_tinytl(model):
         lite = LiteResidual(conv.in_channels, conv.out_channels, stride=conv.stride[0], groups=groups)
         model.blocks[i] = Beside(block, lite)  # the new parameters are created trainable
     return model.train(model.training)  # re-applies TransferCNN's rule to the now frozen BatchNorms
-    ### END SOLUTION"""
+    ### END SOLUTION'''

@@ -4,7 +4,7 @@ EXERCISE = 'LiteResidual'
 THREAT = "saved_hooks"
 EXPECT = "loses"
 DESCRIPTION = __doc__
-SOURCE = """\
+SOURCE = '''\
 class LiteResidual(nn.Module):
     """A lite residual branch (TinyTL): a correction learned on downsampled feature maps.
 
@@ -64,4 +64,4 @@ class LiteResidual(nn.Module):
         r = self.final_norm(self.pointwise(r))
         return F.interpolate(r, size=(-(-H // self.stride), -(-W // self.stride)), mode="bilinear",
                              align_corners=False)
-    ### END SOLUTION"""
+    ### END SOLUTION'''
