@@ -118,14 +118,52 @@ print(f"total {rec.activation_bytes / KB:,.0f} KB, of which N×N tensors "
 # by the last matmul, one storage) and the scaled scores. Double $N$ and they quadruple. At $N = 16$K
 # with 16 heads, one layer's $P$ alone is 16 GB in fp32.
 #
+# ### Your lecture notes vs what we measure: the $1/\sqrt d$ in the scores
+#
+# The lecture notes write the scores as $QK^\top$, without $\tau = 1/\sqrt d$. The scale is not
+# cosmetic. With entries of $q$ and $k$ of unit variance (what LayerNorm and a good initialisation
+# give), $q \cdot k$ is a sum of $d$ products of unit variance: its standard deviation is $\sqrt d$.
+# Without $\tau$, the scores spread further apart as the heads get wider, the softmax of a row
+# turns into a one-hot on its largest score, and its gradient, $dS = P \circ (dP - D)$, vanishes
+# with the off-peak entries of $P$: the attention stops learning where to look. With $\tau$ the scores
+# keep unit spread at every $d$. Measured on random unit-variance $q$, $k$ ($N = 256$ keys per row):
+
+# %%
+def softmax_stats(d, scaled, n=256, rows=256, seed=0):
+    """Score std, mean max probability, mean entropy and mean |dS| per row for random unit-variance q, k."""
+    g = torch.Generator().manual_seed(seed)
+    q_, k_ = torch.randn(rows, d, generator=g), torch.randn(n, d, generator=g)
+    s = (q_ @ k_.T) * (1 / math.sqrt(d) if scaled else 1.0)
+    s.requires_grad_(True)
+    p = torch.softmax(s, dim=-1)
+    (p * torch.randn(rows, n, generator=g)).sum().backward()  # a random upstream gradient dP
+    entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)
+    return s.std().item(), p.max(-1).values.mean().item(), entropy.mean().item(), s.grad.abs().sum(-1).mean().item()
+
+
+stat_rows, stats = [], {}
+for d in (16, 64, 256, 1024):
+    stats[d] = plain, scaled = softmax_stats(d, scaled=False), softmax_stats(d, scaled=True)
+    stat_rows.append(f"| {d} | {plain[0]:.1f} / {scaled[0]:.2f} | {plain[1]:.3f} / {scaled[1]:.3f} "
+                     f"| {plain[2]:.2f} / {scaled[2]:.2f} | {plain[3]:.3f} / {scaled[3]:.3f} |")
+display(Markdown(f"Each cell: without τ / with τ. A uniform row has entropy log N = {math.log(256):.2f}.\n\n"
+                 "| d | score std | mean max probability | mean entropy | mean Σ|dS| per row |\n|---|---|---|---|---|\n"
+                 + "\n".join(stat_rows)))
+(plain_lo, _), (plain_hi, scaled_hi) = stats[16], stats[1024]
+display(Markdown(f"Without τ, going from d = 16 to d = 1024 multiplies the score spread by {plain_hi[0] / plain_lo[0]:.1f} "
+                 f"(√64 = 8), lifts the largest probability of a row from {plain_lo[1]:.2f} to {plain_hi[1]:.2f}, and "
+                 f"shrinks the gradient that reaches the scores {plain_lo[3] / plain_hi[3]:.1f}×; at d = 1024 it is "
+                 f"{scaled_hi[3] / plain_hi[3]:.1f}× smaller than with τ."))
+
+# %% [markdown]
 # ## 2. Where the time goes: SRAM and HBM
 #
-# A GPU has two kinds of memory. **HBM**, the big one (40–80 GB on an A100), delivers about
-# 1.5–2 TB/s. **SRAM**, on each of the 108 streaming multiprocessors, holds only 192 KB, but all of
-# it together delivers about 19 TB/s. An A100 computes 312 TFLOP/s in bf16: to keep up, an operation
-# must do about 150 FLOPs per byte it reads from HBM. A matmul does (each loaded number is reused
-# $d$ times); a softmax, a mask or a dropout does one or two FLOPs per number: they are
-# **memory-bound**, their time is bytes / bandwidth.
+# A GPU has two kinds of memory (paper: Dao et al. 2022, §2.1, for an A100). **HBM**, the big one
+# (40–80 GB), delivers about 1.5–2 TB/s. **SRAM**, on each of the 108 streaming multiprocessors,
+# holds only 192 KB, but all of it together delivers about 19 TB/s. An A100 computes 312 TFLOP/s in
+# bf16: to keep up, an operation must do about 150 FLOPs per byte it reads from HBM. A matmul does
+# (each loaded number is reused $d$ times); a softmax, a mask or a dropout does one or two FLOPs
+# per number: they are **memory-bound**, their time is bytes / bandwidth.
 #
 # Standard attention runs as separate kernels, each reading its input from HBM and writing its
 # output back: $S = QK^\top$ (write $N^2$), mask and softmax (read $N^2$, write $N^2$), $PV$ (read $N^2$).
@@ -280,20 +318,25 @@ class LargestTensor(TorchDispatchMode):
 
 
 q, k, v = qkv(B=1, H=2, N=1024, d=64)
-rows = []
+rows, tiled_flops = [], {}
 for name, fn in (("naive", attention_naive), ("tiled, blocks 128", lambda *a: flash_attention_forward(*a, 128, 128))):
     for causal in (False, True):
         with LargestTensor() as big, flop_counter() as flops:
             fn(q, k, v, causal)
         rows.append(f"| {name} | {causal} | {big.shape} = {big.elements * 4 / KB:,.0f} KB | "
                     f"{flops.get_total_flops() / 1e6:,.1f} |")
+        if name.startswith("tiled"):
+            tiled_flops[causal] = flops.get_total_flops()
 display(Markdown("B=1, H=2, N=1024, d=64\n\n| forward | causal | largest tensor created | MFLOP |\n|---|---|---|---|\n"
                  + "\n".join(rows)))
+tiles = 1024 // 128
+print(f"causal tiled forward: {tiled_flops[True] / tiled_flops[False]:.1%} of the non-causal FLOPs; "
+      f"tiles visited (T² + T) / 2 = {(tiles ** 2 + tiles) // 2} of T² = {tiles ** 2}: {(tiles ** 2 + tiles) / 2 / tiles ** 2:.1%}")
 
 # %% [markdown]
 # Non-causal, the FLOPs are identical, $4 B H N^2 d$. Causal, the tiled version computes the
-# diagonal tiles in full and skips the rest: $(T^2 + T)/2$ of the $T^2$ tiles for $T = N/128 = 8$
-# blocks, 56% of the work here; the naive version computes the masked half anyway.
+# diagonal tiles in full and skips the rest: $(T^2 + T)/2$ of the $T^2$ tiles for $T = N/128$
+# blocks (the last line above); the naive version computes the masked half anyway.
 #
 # **Numerics.** With large scores (sharp attention, or fp16 activations), a softmax that
 # exponentiates before normalising overflows: $e^{12} > 65504$, the largest fp16 number. The
@@ -392,7 +435,7 @@ from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flas
 #
 # The forward pass runs two $N \times N \times d$ matmuls ($QK^\top$ and $PV$). Standard backward runs
 # four ($dV$, $dP$, $dQ$, $dK$); FlashAttention adds a fifth, $S = QK^\top$ again. Forward + backward:
-# 7 matmuls against 6, 17% more FLOPs, in exchange for never writing or reading $P$.
+# 7 matmuls against 6, in exchange for never writing or reading $P$.
 
 # %%
 q, k, v = qkv(B=1, H=2, N=512, d=64, requires_grad=True)
@@ -669,7 +712,7 @@ slider_plot(draw_tiles, figsize=(5, 4.2), n=(64, 1024, 64), block=(16, 128, 16),
 # ## 9. What the papers report vs what we measured
 #
 # Dao, Fu, Ermon, Rudra and Ré, *FlashAttention: Fast and Memory-Efficient Exact Attention with
-# IO-Awareness* (NeurIPS 2022): for GPT-2 medium attention ($N = 1024$, $d = 64$, 16 heads, batch 64,
+# IO-Awareness* (NeurIPS 2022). Paper: for GPT-2 medium attention ($N = 1024$, $d = 64$, 16 heads, batch 64,
 # A100) forward + backward, standard attention does 66.6 GFLOPs with 40.3 GB of HBM reads and
 # writes in 41.7 ms; FlashAttention 75.2 GFLOPs, 4.4 GB, 7.3 ms (Fig. 2). Memory grows linearly
 # with $N$, up to 20× below exact-attention baselines; 3× faster GPT-2 training at 1K tokens; first
@@ -711,12 +754,14 @@ plt.show()
 #
 # ## 10. Summary
 #
+# - The scores are scaled by $\tau = 1/\sqrt d$: without it their spread grows as $\sqrt d$ and the
+#   softmax saturates, with vanishing gradients.
 # - Standard attention materialises $S$ and $P$: $\Theta(N^2)$ memory per head and $\Theta(Nd + N^2)$
 #   HBM traffic, and on a GPU that traffic, not the FLOPs, sets the time.
 # - The online softmax (running max, running sum, rescaling by $e^{m - m'}$) computes exact attention
 #   one key block at a time; only $O$ and the log-sum-exp $L$ are written.
 # - Backward recomputes $P = e^{\tau QK^\top - L}$ per tile, with $D = \mathrm{rowsum}(dO \circ O)$:
-#   about 17% more FLOPs, $O(N)$ extra memory instead of $O(N^2)$.
+#   one matmul more (7 against 6), $O(N)$ extra memory instead of $O(N^2)$.
 # - Causal masking skips the tiles above the diagonal; masked rows and ragged tails need care
 #   (no $-\infty - (-\infty)$, masks for rows and columns past $N$).
 # - The same algorithm is a short Triton kernel; with its tiles in SRAM it needs
