@@ -432,33 +432,43 @@ def ch08_tensor_inventory(module: nn.Module) -> list[dict]:
 
 
 # --- ch09_mixed_precision -----------------------------------------------------------------------
-def ch09_optimizer_state(optimizer) -> dict:
+def ch09_optimizer_state(optimizer, params: list | None = None) -> dict:
     """The optimizer's per-parameter state as plain data: {"p<i>": {key: value}} for every parameter
-    that has state, ``i`` counting the parameters of all param groups in order."""
-    out, i = {}, 0
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            state = optimizer.state.get(p, {})
-            if state:
-                out[f"p{i}"] = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
-            i += 1
+    that has state, ``i`` counting ``params`` (the tensors the check sent with the optimizer, so that a
+    rewritten ``param_groups`` changes nothing) or else the parameters of all param groups in order."""
+    if params is None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+    out = {}
+    for i, p in enumerate(params):
+        state = dict.get(optimizer.state, p, {})
+        if state:
+            out[f"p{i}"] = {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
     return out
+
+
+def ch09_scale_of(scaler) -> float:
+    """The scale of a ``torch.amp.GradScaler``, read with torch's own method (not the instance's)."""
+    return float(torch.amp.GradScaler.get_scale(scaler))
 
 
 def _ch09_grads(params) -> list:
     return [None if p.grad is None else p.grad.detach().clone() for p in params]
 
 
-def ch09_drive_scaler(scaler, model: nn.Module, optimizer, x: torch.Tensor, y: torch.Tensor, plan: list) -> list:
+def ch09_drive_scaler(scaler, model: nn.Module, optimizer, x: torch.Tensor, y: torch.Tensor, plan: list,
+                      params: list | None = None) -> list:
     """Drive ``scaler`` through ``len(plan)`` training steps (MSE loss of ``model(x)`` against ``y``).
 
     Each plan item is a dict: "poison" (None, or [param index, flat index, value] written into that
     gradient after the scaled backward: an injected overflow), "unscale" (call ``unscale_`` before
     ``step``), "twice" (then call ``unscale_`` again and record what it raised). Returns one record
     per step: gradients before and after unscaling, the scale at each stage, parameters and
-    optimizer state after the step.
+    optimizer state after the step. ``params`` are the tensors the check sent with the optimizer (read
+    instead of ``optimizer.param_groups``). A last record, {"final_raw_grads"}, holds the gradients of
+    one more ``scale(loss).backward()``: the scale the last ``update()`` left, seen in values.
     """
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if params is None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
     records = []
     for item in plan:
         optimizer.zero_grad(set_to_none=True)
@@ -482,24 +492,39 @@ def ch09_drive_scaler(scaler, model: nn.Module, optimizer, x: torch.Tensor, y: t
         scaler.update()
         rec["scale"] = float(scaler.get_scale())
         rec["params"] = [p.detach().clone() for p in params]
-        rec["state"] = ch09_optimizer_state(optimizer)
+        rec["state"] = ch09_optimizer_state(optimizer, params)
         records.append(rec)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(nn.functional.mse_loss(model(x), y)).backward()
+    records.append({"final_raw_grads": _ch09_grads(params)})
     return records
+
+
+def _ch09_canary(z: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear`` of ``z`` repeated against weights K(1 + 2^-k), -K: under autocast the weights round to
+    K first, so the result shows in values which precision the matmul ran in."""
+    return nn.functional.linear(z.expand(*z.shape[:-1], weight.shape[1]), weight)
 
 
 class ch09_AutocastRecorder(nn.Module):
     """Wraps a model; for every forward call records whether autocast was on for the input's device,
-    its dtype, and the dtypes of the input, the output and the wrapped model's parameters."""
+    its dtype, and the dtypes of the input, the output and the wrapped model's parameters (feedback).
+
+    What decides is in the values: the output gets a canary term c·x[:, :1], c = 1.125 in float32,
+    1 under float16 autocast and 0 under bfloat16 autocast (weights 512(1 + 2^-9) and 512(1 + 2^-12)
+    round to 512 in bfloat16, the second also in float16)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
         self.calls: list[dict] = []
+        k = 512.0
+        self.register_buffer("canary", torch.tensor([[k * (1 + 2**-9), -k, k * (1 + 2**-12), -k]]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         device = x.device.type
         enabled = bool(torch.is_autocast_enabled(device))
-        out = self.model(x)
+        out = self.model(x) + _ch09_canary(x[..., :1], self.canary)
         self.calls.append({"autocast": enabled, "dtype": str(torch.get_autocast_dtype(device)) if enabled else None,
                            "input": str(x.dtype), "output": str(out.dtype),
                            "params": sorted({str(p.dtype) for p in self.model.parameters()})})
@@ -541,17 +566,23 @@ class ch09_ScalerRecorder:
 
 class ch09_LossRecorder(nn.Module):
     """``loss_fn(output, target) * factor``, recording for every call whether autocast was on for the
-    output's device (a factor of inf injects an overflow)."""
+    output's device (feedback; a factor of inf injects an overflow).
+
+    What decides is in the values: the loss gets s·mean(output), s = 1 in float32 and 0 under float16 or
+    bfloat16 autocast (weights 4096(1 + 2^-12), -4096), so a loss computed outside autocast has another
+    value and other gradients."""
 
     def __init__(self, loss_fn: nn.Module, factor: float = 1.0):
         super().__init__()
         self.loss_fn = loss_fn
         self.factor = factor
         self.calls: list[dict] = []
+        self.register_buffer("canary", torch.tensor([[4096.0 * (1 + 2**-12), -4096.0]]))
 
     def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         self.calls.append({"autocast": bool(torch.is_autocast_enabled(output.device.type))})
-        loss = self.loss_fn(output, target)
+        s = _ch09_canary(torch.ones(1, 1, device=output.device), self.canary)[0, 0]
+        loss = self.loss_fn(output, target) + s * output.float().mean()
         return loss * self.factor if self.factor != 1.0 else loss
 
 

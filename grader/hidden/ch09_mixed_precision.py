@@ -6,9 +6,17 @@ student's scaler and once here with ``torch.amp.GradScaler("cpu")``, the referen
 ``step`` and ``update``, gradients after unscaling, parameters and optimizer state (momentum buffers,
 Adam step counts) are compared step by step.
 
+The driver reads the parameters the judge sent with the optimizer (one message), not
+``optimizer.param_groups``, and ends with one more ``scale(loss).backward()`` so that the scale the
+last ``update()`` left is seen in gradient values, not only through ``get_scale()``.
+
 mixed_precision_step: the reference is computed here with the same autocast, the same float32 model and
-``torch.amp.GradScaler``. What the student's code does is observed through probes: a model wrapper
-recording autocast state and dtypes during forward, a scaler recording the calls made on it.
+``torch.amp.GradScaler``. Recorders (autocast state and dtypes during forward, calls on the scaler, on
+the loss) give feedback; what decides is in values the judge compares: the model and the loss carry
+canary terms whose values depend on the precision they ran in (float32, float16 or bfloat16 autocast),
+so a forward or a loss outside autocast, or in the wrong dtype, changes the loss and every update;
+parameters and optimizer state are read from the tensors the judge sent, the scale with torch's own
+``GradScaler.get_scale`` on the scaler the judge sent.
 """
 from __future__ import annotations
 
@@ -90,9 +98,9 @@ def _run(nb, scenario: dict):
     ref = probes.ch09_drive_scaler(torch.amp.GradScaler("cpu", **kwargs), ref_model,
                                    _optimizer(scenario["opt"], ref_model), x, y, scenario["plan"])
     model = _model(scenario["seed"])  # a fresh copy: local runs share objects
-    pair = nb.put((model, _optimizer(scenario["opt"], model)))
+    pair = nb.put((model, _optimizer(scenario["opt"], model), list(model.parameters())))  # one message
     got = fetch(nb.apply(probes.ch09_drive_scaler, nb.GradScaler(**kwargs), pair[0], pair[1], x, y,
-                         scenario["plan"]))
+                         scenario["plan"], pair[2]))
     return got, ref
 
 
@@ -149,6 +157,13 @@ def _check_scenario(nb, scenario: dict) -> None:
                                 f"{key!r} of parameter {p_name[1:]}", SKIP_HINT if overflow else UNSCALE_HINT, **TOL)
         check_close(torch.tensor(a["scale"]), torch.tensor(b["scale"]), f"{at}: the scale after update()",
                     GROWTH_HINT + " (an inf and a NaN both count as overflow)", atol=0, rtol=1e-6)
+    for i, (ga, gb) in enumerate(zip(got[-1]["final_raw_grads"], ref[-1]["final_raw_grads"])):
+        if gb is not None and torch.isfinite(gb).all():
+            if ga is None:
+                raise AssertionError(f"{what}, after the last step: parameter {i} has no gradient after "
+                                     "scale(loss).backward()")
+            check_close(ga, gb, f"{what}, after the last step: the gradient of scale(loss).backward() for "
+                        f"parameter {i}", "scale() multiplies by the scale update() left: " + GROWTH_HINT, **TOL)
 
 
 def _check_scale_dtypes(nb) -> None:
@@ -259,12 +274,16 @@ def _check_step(nb, case: dict) -> None:
             + ("scaler=None" if case["init_scale"] is None else f"a GradScaler at scale {case['init_scale']:g}")
             + (f", a loss multiplied by {case['factor']}" if case.get("factor") is not None else ""))
     ref = _reference_step(case)
-    b = nb.put(_bundle(case))  # one message: the optimizer keeps pointing at this model's parameters
+    bundle = _bundle(case)
+    names = [f"model.{n}" for n, _ in bundle[0].model.named_parameters()]
+    # One message: the optimizer keeps pointing at this model's parameters, and the judge keeps those
+    # tensors and the torch GradScaler inside the recorder, whatever the student's code reassigns.
+    b = nb.put((*bundle, list(bundle[0].model.parameters()), None if bundle[2] is None else bundle[2].scaler))
     out = fetch(nb.mixed_precision_step(b[0], b[1], b[2], b[3], b[4], b[5], dtype))
     calls = fetch(b[0].calls)
     loss_calls = fetch(b[5].calls)
-    table = fetch(nb.apply(probes.param_table, b[0]))
-    state = fetch(nb.apply(probes.ch09_optimizer_state, b[1]))
+    table = dict(zip(names, fetch(nb.apply(probes.tensor_states, b[6]))))
+    state = fetch(nb.apply(probes.ch09_optimizer_state, b[1], b[6]))
 
     if not calls:
         raise AssertionError(f"{what}: the model was never called")
@@ -304,7 +323,8 @@ def _check_step(nb, case: dict) -> None:
                     "per step: scaler.scale(loss).backward(), scaler.step(optimizer), scaler.update(), once each")
         order = [c for c in scaler_calls if c in ("scale", "step", "update")]
         check_equal(order, ["scale", "step", "update"], f"{what}: the order of the scaler calls")
-        check_close(torch.tensor(fetch(b[2].get_scale())), torch.tensor(ref["scale"]), f"{what}: the scale after "
+        check_close(torch.tensor(fetch(nb.apply(probes.ch09_scale_of, b[7]))), torch.tensor(ref["scale"]),
+                    f"{what}: the scale after "
                     "the step", "call scaler.update() exactly once per step", atol=0, rtol=0)
     skipped = case.get("factor") is not None
     hint = (SKIP_HINT.replace("must be skipped entirely", "must be skipped: let scaler.step(optimizer) decide")
