@@ -1,0 +1,372 @@
+"""The three experiences in a real browser (Chromium through Playwright), in fast mode.
+
+- Student: `make lab` opens a solved chapter notebook; run all cells: no error, a widget
+  renders, moving a slider redraws the plot, and none of nbgrader's instructor tools is there.
+- Instructor: `make lab-instructor` keeps those tools and opens solutions/*.py as notebooks; a
+  feedback page written by `python -m grader autograde` shows scores and reasons.
+- Lecturer: `make demo` lists every chapter; in each dashboard every control is moved and its
+  plot changes, no error shows, and nothing is fetched from the network (it works offline).
+
+Skipped, with the reason, when Playwright or Chromium is missing, unless REQUIRE_BROWSER=1
+(set by .ci/run): then they fail. Screenshots and the measured redraw times go to
+BROWSER_ARTIFACTS (default build/artifacts/).
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlparse
+
+import nbformat
+import pytest
+import requests
+
+from conftest import ROOT
+from grader import demo
+from grader.notebooks import chapters, grade_id, is_demo, read_source
+from submissions import reference, with_exercise, write
+from test_lab import _free_port, _stop
+from wrong_submissions import WRONG
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("browser")]
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(os.environ.get("BROWSER_ARTIFACTS") or ROOT / "build" / "artifacts")
+TOKEN = "course-browser-token"
+STUDENT_CHAPTER = "ch00_memory"
+# Servers start and dashboards run their chapter's code in seconds on an idle 2-core machine;
+# a shared one can be ten times slower.
+START_S = 900
+ERROR_TEXT = re.compile(r"Traceback|\w+Error\b|There was an error when executing", re.S)
+
+
+def _missing() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Playwright is not installed (pip install -e '.[test]')"
+    if not Path(CHROMIUM).exists():
+        return f"Chromium not found at {CHROMIUM} (apt-get install chromium, or set CHROMIUM=path)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    reason = _missing()
+    if reason:
+        if os.environ.get("REQUIRE_BROWSER") == "1":
+            pytest.fail(f"REQUIRE_BROWSER=1 but {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        # Chromium's sandbox needs user namespaces that containers running as root rarely have.
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"] if os.geteuid() == 0 else [])
+        yield b
+        b.close()
+
+
+def _page(browser, width=1400, height=900):
+    """A page that may only reach this machine, and records whatever else it tried."""
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    page.external = []
+
+    def route(r):
+        host = urlparse(r.request.url).hostname
+        if r.request.url.startswith(("data:", "blob:", "file:")) or host in ("127.0.0.1", "localhost"):
+            r.continue_()
+        else:
+            page.external.append(r.request.url)
+            r.abort()
+
+    context.route("**/*", route)
+    return page
+
+
+def _serve(target: str, tmp_path_factory, extra_env=None):
+    """Run `make TARGET PORT=...` headless; yield (base URL, process, log) once it answers."""
+    port = _free_port()
+    tmp = tmp_path_factory.mktemp(target)
+    env = {**os.environ, "COURSE_FAST": "1", "JUPYTER_TOKEN": TOKEN, "JUPYTER_RUNTIME_DIR": str(tmp / "rt"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "ws"), **(extra_env or {})}
+    log = (tmp / "server.log").open("w+")
+    proc = subprocess.Popen(["make", "--no-print-directory", target, f"PORT={port}"], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            requests.get(base, params={"token": TOKEN}, timeout=5)
+            break
+        except requests.ConnectionError:
+            time.sleep(0.5)
+    log.seek(0)
+    if proc.poll() is not None or time.monotonic() >= deadline:
+        _stop(proc)
+        pytest.fail(f"make {target} did not start:\n{log.read()[-3000:]}")
+    return base, proc, log
+
+
+def _lab_settings(tmp_path_factory) -> str:
+    """JupyterLab user settings for tests: every cell in the DOM (no windowing), so that the
+    test sees all outputs; no autosave; no news prompt."""
+    d = tmp_path_factory.mktemp("lab-settings")
+    for plugin, settings in (("notebook-extension/tracker", {"windowingMode": "none"}),
+                             ("docmanager-extension/plugin", {"autosave": False}),
+                             ("apputils-extension/notification", {"fetchNews": "false"})):
+        path = d / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(settings))
+    return str(d)
+
+
+def _shot(page, name):
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def _plot_src(locator) -> str:
+    return locator.locator("img").first.get_attribute("src") or ""
+
+
+def _move(page, control) -> None:
+    """Change one control by one step: a slider's handle with the arrow key (back at its
+    maximum), a dropdown to its next option."""
+    select = control.locator("select")
+    if select.count():
+        options = select.locator("option").all_inner_texts()
+        current = select.evaluate("s => s.selectedIndex")
+        select.select_option(index=(current + 1) % len(options))
+        return
+    handle = control.locator(".noUi-handle").first
+    handle.focus()
+    at_max = handle.get_attribute("aria-valuenow") == handle.get_attribute("aria-valuemax")
+    page.keyboard.press("ArrowLeft" if at_max else "ArrowRight")
+
+
+def _redraw_seconds(page, control, output) -> float:
+    """Move ``control``; wait until the plot in ``output`` is a different image."""
+    before = _plot_src(output)
+    start = time.perf_counter()
+    _move(page, control)
+    page.wait_for_function(
+        "([el, before]) => { const img = el.querySelector('img'); return img && img.src && img.src !== before; }",
+        arg=[output.element_handle(), before], timeout=120_000, polling=20)
+    return time.perf_counter() - start
+
+
+def _error_texts(page) -> list[str]:
+    texts = page.locator("[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts()
+    return [t for t in texts if ERROR_TEXT.search(t)]
+
+
+# --- student -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def workdir():
+    """A folder under the servers' root (the repository) for the files the tests open."""
+    folder = ROOT / "build" / f"browser-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(parents=True)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def student_lab(tmp_path_factory, workdir):
+    # A student's notebook with every exercise solved (the reference answers in the release).
+    nb = nbformat.read(ROOT / "course" / f"{STUDENT_CHAPTER}.ipynb", as_version=4)
+    for cell in read_source(STUDENT_CHAPTER).cells:
+        if grade_id(cell) and cell.metadata["nbgrader"].get("solution"):
+            nb = with_exercise(STUDENT_CHAPTER, grade_id(cell), cell.source, base=nb)
+    nbformat.write(nb, workdir / f"{STUDENT_CHAPTER}.ipynb")
+    base, proc, log = _serve("lab", tmp_path_factory, {"JUPYTERLAB_SETTINGS_DIR": _lab_settings(tmp_path_factory)})
+    try:
+        yield base, workdir.relative_to(ROOT).as_posix()
+    finally:
+        _stop(proc)
+
+
+def _menubar(page) -> list[str]:
+    page.wait_for_selector(".lm-MenuBar-itemLabel", timeout=START_S * 1000)
+    return [t.strip() for t in page.locator(".lm-MenuBar-itemLabel").all_inner_texts()]
+
+
+def _wait_idle(page, timeout_s):
+    """Until no cell is queued or running ([*]) and the kernel is idle."""
+    page.wait_for_function(
+        """() => !Array.from(document.querySelectorAll('.jp-InputPrompt')).some(p => p.textContent.includes('*'))
+             && document.querySelector('.jp-Notebook-ExecutionIndicator[data-status="idle"]') !== null""",
+        timeout=timeout_s * 1000, polling=500)
+
+
+def test_student_runs_a_chapter_without_instructor_tools(browser, student_lab):
+    base, folder = student_lab
+    page = _page(browser)
+    page.goto(f"{base}/lab/tree/{folder}/{STUDENT_CHAPTER}.ipynb?token={TOKEN}", timeout=START_S * 1000)
+    menus = _menubar(page)
+    assert "Run" in menus and "Nbgrader" not in menus, menus
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=START_S * 1000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=START_S * 1000)
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+    page.wait_for_timeout(2000)
+    _wait_idle(page, START_S)
+    prompts = page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
+    assert prompts and all(re.search(r"\[\d+\]", p) for p in prompts), f"not every cell ran: {prompts}"
+    assert not _error_texts(page), _error_texts(page)[:3]
+
+    slider = page.locator(".widget-slider").first
+    slider.wait_for(timeout=60_000)
+    demo_output = page.locator(".jp-OutputArea-output .widget-vbox").first
+    output = demo_output.locator(".widget-output").first
+    seconds = _redraw_seconds(page, slider, output)
+    demo_output.scroll_into_view_if_needed()
+    _shot(page, "student-lab")
+    text = page.locator("body").inner_text()
+    for tool in ("Nbgrader", "Create Assignment", "Formgrader", "Validate"):
+        assert tool not in text, f"students see nbgrader's {tool!r}"
+    assert not _error_texts(page)
+    assert requests.get(f"{base}/formgrader", params={"token": TOKEN}, timeout=30).status_code == 404
+    print(f"student lab: slider redraw {seconds:.2f} s")
+
+
+# --- instructor ----------------------------------------------------------------------------
+
+def test_instructor_lab_has_nbgrader_and_opens_sources_as_notebooks(browser, tmp_path_factory, workdir):
+    # A copy of a chapter source: what is opened may be saved, and solutions/ is not the test's.
+    shutil.copy(ROOT / "solutions" / f"{STUDENT_CHAPTER}.py", workdir / f"{STUDENT_CHAPTER}.py")
+    base, proc, _ = _serve("lab-instructor", tmp_path_factory,
+                           {"JUPYTERLAB_SETTINGS_DIR": _lab_settings(tmp_path_factory)})
+    try:
+        page = _page(browser)
+        folder = workdir.relative_to(ROOT).as_posix()
+        page.goto(f"{base}/lab/tree/{folder}/{STUDENT_CHAPTER}.py?token={TOKEN}", timeout=START_S * 1000)
+        assert "Nbgrader" in _menubar(page)
+        page.wait_for_selector(".jp-Notebook .jp-MarkdownCell", timeout=START_S * 1000)
+        assert page.locator(".jp-FileEditor").count() == 0, "the source opened as plain text"
+        page.locator(".lm-MenuBar-itemLabel", has_text="Nbgrader").click()
+        page.wait_for_timeout(500)
+        _shot(page, "instructor-lab")
+        assert requests.get(f"{base}/formgrader", params={"token": TOKEN}, timeout=30,
+                            allow_redirects=False).status_code != 404
+    finally:
+        _stop(proc)
+
+
+def test_feedback_page_shows_scores_and_reasons(browser, tmp_path):
+    sub, out = tmp_path / "submitted", tmp_path / "out"
+    write(sub, "honest", STUDENT_CHAPTER, reference(STUDENT_CHAPTER))
+    wrong = next(ex for ch, ex in WRONG if ch == STUDENT_CHAPTER)
+    write(sub, "wrong", STUDENT_CHAPTER, with_exercise(STUDENT_CHAPTER, wrong, WRONG[STUDENT_CHAPTER, wrong]))
+    proc = subprocess.run([sys.executable, "-m", "grader", "autograde", str(sub), "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    layout_points = sum(float(c.metadata["nbgrader"]["points"]) for c in read_source(STUDENT_CHAPTER).cells
+                        if c.metadata.get("nbgrader", {}).get("grade"))
+    page = _page(browser, height=1000)
+    page.goto((out / "feedback" / "honest" / f"{STUDENT_CHAPTER}.html").as_uri())
+    text = page.locator("body").inner_text()
+    assert f"{layout_points:g} / {layout_points:g} points" in text and "passed" in text
+    assert "Why points were lost" not in text
+    page.goto((out / "feedback" / "wrong" / f"{STUDENT_CHAPTER}.html").as_uri())
+    text = page.locator("body").inner_text()
+    assert f"0 / {layout_points:g} points" in text and "failed" in text
+    reasons = page.locator(".reason").all_inner_texts()
+    assert reasons and all(len(r.strip()) > 20 for r in reasons), reasons
+    assert page.locator(".fail").first.is_visible()
+    _shot(page, "instructor-feedback")
+    assert not page.external
+
+
+# --- lecturer ------------------------------------------------------------------------------
+
+def _chapters_with_demos() -> list[str]:
+    return [ch for ch in chapters()
+            if any(c.cell_type == "code" and is_demo(c) for c in read_source(ch, demo_tags=True).cells)]
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory):
+    base, proc, log = _serve("demo", tmp_path_factory)
+    try:
+        yield base, log
+    finally:
+        _stop(proc)
+
+
+def test_demo_prints_its_url_and_lists_every_chapter(browser, demo_server):
+    base, log = demo_server
+    log.seek(0)
+    assert base in log.read()
+    page = _page(browser)
+    page.goto(base + "/")
+    links = page.locator("a.chapter")
+    expected = _chapters_with_demos()
+    assert [urlparse(h).path.rsplit("/", 1)[-1] for h in
+            links.evaluate_all("links => links.map(a => a.href)")] == [f"{ch}.ipynb" for ch in expected]
+    for ch, item in zip(expected, page.locator("li").all()):
+        title, summary = demo.title_and_summary(read_source(ch))
+        assert title in item.inner_text() and summary in item.inner_text()
+    _shot(page, "demo-index")
+    assert not page.external
+
+
+BATCH = 2  # dashboards opened at once: each runs its chapter's code in its own kernel
+
+
+def test_every_dashboard_slider_redraws(browser, demo_server):
+    base, _ = demo_server
+    times, problems = {}, []
+    todo = _chapters_with_demos()
+    for i in range(0, len(todo), BATCH):
+        pages = {}
+        for ch in todo[i:i + BATCH]:
+            pages[ch] = _page(browser, width=1500, height=1000)
+            pages[ch].goto(f"{base}/voila/render/{ch}.ipynb", wait_until="commit", timeout=START_S * 1000)
+        for ch, page in pages.items():
+            try:
+                times[ch] = _check_dashboard(page, ch)
+            except Exception as e:  # report every chapter, not only the first that fails
+                problems.append(f"{ch}: {type(e).__name__}: {str(e)[:800]}")
+                _shot(page, f"demo-{ch}-failed")
+            page.context.close()
+    (ARTIFACTS / "redraw_seconds.json").write_text(json.dumps(times, indent=1))
+    for ch, per_control in times.items():
+        print(f"{ch:<24} redraw per control (s): " + ", ".join(f"{k} {v:.2f}" for k, v in per_control.items()))
+    assert not problems, "\n".join(problems)
+
+
+def _check_dashboard(page, chapter) -> dict[str, float]:
+    page.wait_for_selector("#rendered_cells", state="visible", timeout=START_S * 1000)
+    n_demos = sum(1 for c in read_source(chapter, demo_tags=True).cells if c.cell_type == "code" and is_demo(c))
+    demos = page.locator(".celltag_demo")
+    page.wait_for_function(
+        "n => Array.from(document.querySelectorAll('.celltag_demo')).filter(d => d.querySelector('.widget-output img')).length >= n",
+        arg=n_demos, timeout=START_S * 1000, polling=200)
+    assert demos.count() == n_demos
+    assert page.locator(".jp-Cell.celltag_hide").evaluate_all("cells => cells.every(c => c.offsetParent === null)"), \
+        "hidden cells show"
+    assert page.locator(".jp-CodeCell .jp-InputArea-editor, .jp-CodeCell .highlight").count() == 0, \
+        "a dashboard shows code"
+    times = {}
+    for d in range(n_demos):
+        cell = demos.nth(d)
+        output = cell.locator(".widget-output").first
+        controls = cell.locator(".widget-hbox").first.locator(":scope > .widget-slider, :scope > .widget-dropdown")
+        assert controls.count() >= 1, "a demo without controls"
+        for c in range(controls.count()):
+            control = controls.nth(c)
+            name = control.locator(".widget-label").first.inner_text().strip()
+            times[f"{d + 1}:{name}" if n_demos > 1 else name] = round(_redraw_seconds(page, control, output), 3)
+    errors = _error_texts(page) + [t for t in page.locator(".widget-output").all_inner_texts() if ERROR_TEXT.search(t)]
+    assert not errors, errors[:3]
+    demos.first.scroll_into_view_if_needed()
+    _shot(page, f"demo-{chapter}")
+    assert not page.external, f"fetched from the network: {page.external[:5]}"
+    return times
