@@ -85,9 +85,8 @@ LITERAL: dict[str, list[str]] = {
 PENDING: dict[str, str] = {
     "ch04_partial_training": "measured: about 20× less (1-bit masks), about 0.5 MiB, about 2–3×, ~1% of the parameters",
     "ch05_tinytl": "none found measured; paper figures and definitions to list",
-    "ch06_sparse_backprop": "measured: accuracy holds at ~10% of the units",
-    "ch08_quantization": ("measured: 4 bits cost about 10%, a 10% error in the weights, frozen weights shrink 6.6× "
-                          "(twice), 336 KB, both 100% in our full run"),
+    "ch06_sparse_backprop": "none found measured; paper figures, dataset sizes and grading limits to list",
+    "ch08_quantization": "none found measured; bit widths, arithmetic, paper figures and a test threshold to list",
     "ch09_mixed_precision": "none found measured; paper figures and definitions to list",
     "ch10_flash_attention": "none found measured; paper figures and arithmetic to list",
 }
