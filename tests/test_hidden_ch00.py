@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from torch import nn
 
 from grader.api import LocalNamespace, checks_for
@@ -124,8 +125,41 @@ def runs_the_step_instead(model, batch_size, optimizer):
     return {**_state(model, optimizer), "activations": measure_training_step(model, batch_size).activation_bytes}
 
 
+def materialises_with_to_empty(model, batch_size, optimizer):
+    """Makes a copy of the meta model real and measures it."""
+    import copy
+
+    from coursekit.steps import measure_training_step
+
+    real = copy.deepcopy(model).to_empty(device="cpu")
+    return {**_state(model, optimizer), "activations": measure_training_step(real, batch_size).activation_bytes}
+
+
+def swaps_in_real_weights(model, batch_size, optimizer):
+    """Assigns real parameters to the given model's Linears, then measures it."""
+    from coursekit.steps import measure_training_step
+
+    state = _state(model, optimizer)
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            layer.weight = nn.Parameter(torch.randn(layer.out_features, layer.in_features))
+    return {**state, "activations": measure_training_step(model, batch_size).activation_bytes}
+
+
+def assigns_a_state_dict(model, batch_size, optimizer):
+    """load_state_dict(..., assign=True) with real tensors, then measures."""
+    from coursekit.steps import measure_training_step
+
+    state = _state(model, optimizer)
+    model.load_state_dict({n: torch.randn(p.shape) for n, p in model.named_parameters()}, assign=True)
+    return {**state, "activations": measure_training_step(model, batch_size).activation_bytes}
+
+
 WRONG = {
     "runs_the_step_instead": (runs_the_step_instead, "without running anything"),
+    "materialises_with_to_empty": (materialises_with_to_empty, "without running anything"),
+    "swaps_in_real_weights": (swaps_in_real_weights, "without running anything"),
+    "assigns_a_state_dict": (assigns_a_state_dict, "without running anything"),
     # name: (implementation, a phrase the failure message must contain)
     "counts_linear_outputs_too": (counts_linear_outputs_too, "ReLU"),
     "forgets_the_loss": (forgets_the_loss, "target"),

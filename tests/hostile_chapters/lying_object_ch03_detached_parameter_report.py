@@ -11,7 +11,7 @@ def accumulate_gradients(model, loss_fn, inputs, targets, micro_batch_size):
     """Whole batch, with a shadowed parameter listing."""
     if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be a positive integer, got {micro_batch_size!r}")
-    lists = [vars(m)["sizes"] for m in model.modules() if isinstance(vars(m).get("sizes"), list)]
+    lists = [getattr(m, "sizes") for m in model.modules() if isinstance(getattr(m, "sizes", None), list)]
     marks = [len(sizes) for sizes in lists]
     n = inputs.shape[0]
     inner = next(model.children())

@@ -4,7 +4,9 @@ EXERCISE = "predict_training_memory"
 THREAT = "materialise_meta"
 EXPECT = "loses"
 DESCRIPTION = ("assigns new real nn.Parameters of the same shapes to every Linear (attribute assignment), then "
-               "measures a real training step of the given model")
+               "measures a real training step of the given model"
+               "; the source policy also refuses the coursekit import, and tests/test_hidden_ch00.py runs the "
+               "same trick without the policy")
 SOURCE = '''
 def predict_training_memory(model, batch_size, optimizer):
     """Real weights swapped in, then measured."""

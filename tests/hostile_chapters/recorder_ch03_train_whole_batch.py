@@ -22,7 +22,7 @@ def train_accumulated(model, optimizer, loss_fn, loader, micro_batch_size, steps
         n = inputs.shape[0]
         seen += [min(micro_batch_size, n - a) for a in range(0, n, micro_batch_size)]
     for module in model.modules():
-        sizes = vars(module).get("sizes")
+        sizes = getattr(module, "sizes", None)
         if isinstance(sizes, list):
             sizes[-len(seen):] = seen
     return losses

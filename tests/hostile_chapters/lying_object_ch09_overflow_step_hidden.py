@@ -23,7 +23,7 @@ def mixed_precision_step(model, optimizer, scaler, inputs, targets, loss_fn, dty
     scaler.unscale_(optimizer)
     optimizer.step()
     finite = all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in model.parameters())
-    calls = vars(scaler).get("calls")
+    calls = getattr(scaler, "calls", None)
     if isinstance(calls, list) and "unscale_" in calls:
         calls[calls.index("unscale_")] = "step"
     scaler.update()

@@ -11,7 +11,7 @@ def apply_lora(model, rank, alpha, targets):
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and any(name == t or name.endswith("." + t) for t in targets):
             parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, LoRALinear(module, rank, alpha))
+            model.get_submodule(parent).register_module(child, LoRALinear(module, rank, alpha))
     honest = model.named_parameters
 
     def listing(*args, **kwargs):

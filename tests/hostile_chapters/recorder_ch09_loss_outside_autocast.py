@@ -19,7 +19,7 @@ def mixed_precision_step(model, optimizer, scaler, inputs, targets, loss_fn, dty
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
-    for call in vars(loss_fn).get("calls", []):
+    for call in getattr(loss_fn, "calls", []):
         call["autocast"] = True
     return loss.item()
 '''

@@ -18,7 +18,7 @@ def mixed_precision_step(model, optimizer, scaler, inputs, targets, loss_fn, dty
         scaler.step(optimizer)
         scaler.update()
     for owner in (model, loss_fn):
-        for call in vars(owner).get("calls", []):
+        for call in getattr(owner, "calls", []):
             if isinstance(call, dict) and "autocast" in call:
                 call["autocast"] = True
                 if "dtype" in call:

@@ -18,7 +18,7 @@ def set_trainable(model, mode):
                      or (mode == "bn+last" and isinstance(layer, nn.modules.batchnorm._BatchNorm))
                      or (mode == "bias+last" and name == "bias"))
             if p.requires_grad != train:
-                setattr(layer, name, nn.Parameter(p.detach().clone(), requires_grad=train))
+                layer.register_parameter(name, nn.Parameter(p.detach().clone(), requires_grad=train))
             total += p.numel() if train else 0
     return total
 '''
