@@ -441,9 +441,17 @@ lines.append(f"| classifier | {mobilenet.classifier.in_features}→{mobilenet.cl
 display(Markdown("\n".join(lines)))
 
 
+def seeded_tinytl(model, seed=0):
+    """apply_tinytl with the lite residuals initialised from ``seed``, whatever ran before (the global RNG
+    is left where it was): every TinyTL run below starts from the same weights."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return apply_tinytl(model)
+
+
 def tinytl_mobilenet(downsample=2):
     """Your apply_tinytl on the pretrained MobileNet, plus the stem's 1-bit ReLU (the stem is not a block)."""
-    model = apply_tinytl(load_pretrained_mobilenet())
+    model = seeded_tinytl(load_pretrained_mobilenet())
     model.stem.act = ReLU1bit()
     for m in model.modules():  # section 9 varies the lite residuals' pooling factor
         if isinstance(m, LiteResidual):
@@ -484,7 +492,7 @@ def build(mode, net="mobilenet", downsample=2):
     if mode == "TinyTL":
         if net == "mobilenet":
             return tinytl_mobilenet(downsample)
-        model = apply_tinytl(load_pretrained_cnn())
+        model = seeded_tinytl(load_pretrained_cnn())
         for m in model.modules():
             if isinstance(m, LiteResidual):
                 m.downsample = downsample
