@@ -62,36 +62,37 @@ def _reasons(feedback: Path) -> dict[str, str]:
     return {html.unescape(gid): html.unescape(reason) for gid, reason in found}
 
 
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile-chapters")
+    sub, out = tmp / "submitted", tmp / "out"
+    cases = {}
+    for name in CASES:  # a case that does not load fails test_case_is_well_formed, not the batch
+        try:
+            cases[name] = load(name)
+        except Exception:  # noqa: BLE001
+            continue
+    for chapter in sorted({c["CHAPTER"] for c in cases.values()}):
+        write(sub, HONEST, chapter, reference(chapter))
+    for name, case in cases.items():
+        # A breach is decided before anything runs: the other exercises may stay blank (fast);
+        # a case that must lose points keeps the reference for them, so that only it can lose.
+        base = blank(case["CHAPTER"]) if case["EXPECT"] == "breach" else None
+        nb = with_exercise(case["CHAPTER"], case["EXERCISE"], case["SOURCE"], base=base)
+        write(sub, student(name), case["CHAPTER"], nb)
+    # --timeout: chapter 10's interpreted Triton test alone takes over 60 s on a busy 2-core machine
+    proc = subprocess.run([sys.executable, "-m", "grader", "autograde", str(sub), "--out", str(out),
+                           "--workers", "2", "--timeout", "180"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=3000)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with (out / "grades.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {"rows": rows, "out": out, "cases": cases}
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("hostile-chapters")
 class TestBatch:
-    @pytest.fixture(scope="class")
-    def batch(self, tmp_path_factory):
-        tmp = tmp_path_factory.mktemp("hostile-chapters")
-        sub, out = tmp / "submitted", tmp / "out"
-        cases = {}
-        for name in CASES:  # a case that does not load fails test_case_is_well_formed, not the batch
-            try:
-                cases[name] = load(name)
-            except Exception:  # noqa: BLE001
-                continue
-        for chapter in sorted({c["CHAPTER"] for c in cases.values()}):
-            write(sub, HONEST, chapter, reference(chapter))
-        for name, case in cases.items():
-            # A breach is decided before anything runs: the other exercises may stay blank (fast);
-            # a case that must lose points keeps the reference for them, so that only it can lose.
-            base = blank(case["CHAPTER"]) if case["EXPECT"] == "breach" else None
-            nb = with_exercise(case["CHAPTER"], case["EXERCISE"], case["SOURCE"], base=base)
-            write(sub, student(name), case["CHAPTER"], nb)
-        # --timeout: chapter 10's interpreted Triton test alone takes over 60 s on a busy 2-core machine
-        proc = subprocess.run([sys.executable, "-m", "grader", "autograde", str(sub), "--out", str(out),
-                               "--workers", "2", "--timeout", "180"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=3000)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        with (out / "grades.csv").open(newline="") as f:
-            rows = list(csv.DictReader(f))
-        return {"rows": rows, "out": out, "cases": cases}
-
     def test_honest_submissions_keep_full_marks(self, batch):
         honest = [r for r in batch["rows"] if r["student_id"] == HONEST]
         assert honest
