@@ -551,10 +551,10 @@ for batch in (1, 256):
                        ("NF4 weight", "torch.nn.functional.linear(x, nf4_dequantize(p, a, w.shape))")):
         timer = benchmark.Timer(stmt, globals={"torch": torch, "x": x_in, "w": w_layer, "p": w_packed,
                                                "a": w_absmax, "nf4_dequantize": nf4_dequantize})
-        timings[name, batch] = timer.blocked_autorange(min_run_time=0.2).median
+        timings[name, batch] = timer.blocked_autorange(min_run_time=0.1).median
 dequant_time = benchmark.Timer("nf4_dequantize(p, a, shape)", globals={
     "nf4_dequantize": nf4_dequantize, "p": w_packed, "a": w_absmax, "shape": w_layer.shape}
-).blocked_autorange(min_run_time=0.2).median
+).blocked_autorange(min_run_time=0.1).median
 for batch in (1, 256):
     print(f"batch {batch:>3}: float32 linear {timings['float32 weight', batch] * 1e3:6.2f} ms, NF4 linear "
           f"{timings['NF4 weight', batch] * 1e3:6.2f} ms ({timings['NF4 weight', batch] / timings['float32 weight', batch]:.1f}×)")
@@ -952,7 +952,7 @@ from tqdm.auto import tqdm
 from coursekit import measure, model_state_bytes
 
 TARGETS = ("qkv", "proj", "fc1", "fc2")
-RANK, ALPHA, BATCH, STEPS = 4, 8.0, 32, fast(100, 20)
+RANK, ALPHA, BATCH, STEPS = 4, 8.0, 32, fast(80, 20)
 target_train = target_task(fast(4000, 512), seed=101)
 target_test = target_task(fast(2000, 256), seed=102)
 
