@@ -157,8 +157,9 @@ def predict_training_memory(model, batch_size, optimizer):
             Linear; fp32, every parameter trainable. The step feeds x: (batch_size, in_features
             of the first Linear) and takes ``F.mse_loss`` against a target of shape
             (batch_size, out_features of the last Linear).
-            The grader passes models on PyTorch's ``meta`` device (shapes, no data), so
-            predict from the layers' shapes; do not run the model.
+            The grader passes models on PyTorch's ``meta`` device (shapes, no data) that
+            cannot be run, moved, materialised (``to_empty``) or given new tensors, so
+            predict from the layers' shapes without running anything.
         batch_size: number of examples B (a positive int).
         optimizer: "sgd", "momentum" or "adam".
 
