@@ -485,10 +485,10 @@ display(Markdown("| mode | activations, nn.ReLU | activations, relu_1bit | drop 
                  "| ratio |\n|---|---|---|---|---|---|\n" + "\n".join(lines)))
 
 # %% [markdown]
-# The prediction holds to the byte. `bias+last` with 1-bit masks keeps about 20× less than with
-# `nn.ReLU`; `bn+last` only halves, because each trained BatchNorm still keeps its input (the
-# convolution's output, as large as the ReLU's). In `full` mode the masks even cost a little extra
-# for the ReLUs whose output the next convolution keeps anyway.
+# The prediction holds to the byte. `bias+last` with 1-bit masks keeps a small fraction of what it
+# keeps with `nn.ReLU` (the ratio column); `bn+last` only halves, because each trained BatchNorm
+# still keeps its input (the convolution's output, as large as the ReLU's). In `full` mode the masks
+# even cost a little extra for the ReLUs whose output the next convolution keeps anyway.
 #
 # ## 6. Fine-tune with each recipe
 #
@@ -607,7 +607,7 @@ def draw(ax, batch=BATCH):
 slider_plot(draw, figsize=(9, 4), batch=(8, fast(256, 64), 8), defaults={"batch": BATCH})
 
 # %% [markdown]
-# At small batches the frozen weights (about 0.5 MiB here) dominate every partial recipe; at a
+# At small batches the frozen weights (the grey bars) dominate every partial recipe; at a
 # batch of 256 the activations of `full`, `bn+last` and plain `bias+last` reach several MiB while
 # `bias+last` with 1-bit masks stays below the weights.
 #
@@ -656,16 +656,17 @@ print(f"bias+last with 1-bit ReLUs: the frozen weights are {frozen_weights:.0%} 
 # %% [markdown]
 # The shape reproduces, the sizes follow the model:
 #
-# - **Parameters.** Our ratio is far larger than 12× because our 3×3 convolutions with 64–128
-#   channels hold almost all the weights and a BatchNorm has only $2C$ of them; mobile networks have
-#   many more BatchNorm channels relative to their (depthwise) convolution weights.
+# - **Parameters.** Our ratio is far larger than the paper's 12× because our 3×3 convolutions with
+#   64–128 channels hold almost all the weights and a BatchNorm has only $2C$ of them; mobile networks
+#   have many more BatchNorm channels relative to their (depthwise) convolution weights.
 # - **`bn+last` memory.** Close to the paper: the weight-side saving (gradients and Adam state) is
 #   real, but the activations, which `bn+last` does not reduce, remain.
-# - **`bias+last` memory.** Below 12× at batch 32 because of what cannot shrink: the frozen weights
-#   themselves (printed above, most of what is left). Our 8×8 images make activations small next to
-#   the weights; the paper's images have hundreds of times more pixels, so there activations dominate.
+# - **`bias+last` memory.** Below the paper's 12× at batch 32 because of what cannot shrink: the
+#   frozen weights themselves (printed above, most of what is left). Our 8×8 images make activations
+#   small next to the weights; the paper's images have hundreds of times more pixels, so there activations dominate.
 #   A larger batch plays the same role here: at batch 256 the ratio passes the paper's 12× (table
-#   above, and the slider). Without 1-bit masks, the ReLU outputs cap the saving at about 2–3×.
+#   above, and the slider). Without 1-bit masks, the ReLU outputs cap the saving far lower (the
+#   table's `nn.ReLU` figure).
 # - **Accuracy.** A similar gap: biases alone cannot change what the features detect, only shift them.
 #   TinyTL's answer is to add small trainable *lite residual* modules that learn a correction while
 #   keeping the activations small: the next chapter.
@@ -673,7 +674,7 @@ print(f"bias+last with 1-bit ReLUs: the frozen weights are {frozen_weights:.0%} 
 # ## 9. Summary
 #
 # - Training fewer parameters cuts gradients and optimizer state, not activations:
-#   `bn+last` trains ~1% of the parameters and still keeps nearly all activations.
+#   `bn+last` trains a small fraction of the parameters and still keeps nearly all activations.
 # - $\partial W = g^\top x$ needs the layer input, $\partial b = \sum g$ does not; a frozen layer needs no
 #   stored input at all. `nn.Linear` exploits this, `nn.Conv2d` and `nn.BatchNorm2d` do not (hence
 #   `LeanConv2d` and `LeanBatchNorm2d`).
