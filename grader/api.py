@@ -102,6 +102,10 @@ class LocalNamespace:
     def apply(self, fn: Callable, *args, **kwargs):
         return fn(*args, **kwargs)
 
+    def footprint(self):
+        """Not known in-kernel (see ``RemoteNamespace.footprint``)."""
+        return None
+
     def memory(self, reset_peak: bool = False):
         """What this process holds now (see ``RemoteNamespace.memory``)."""
         import gc

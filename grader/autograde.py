@@ -122,7 +122,8 @@ def grade_one(student: str, chapter: str, path: Path, lay: Layout, limits: Limit
         zeros = {gid: Outcome(gid, False, reason) for ex, reason in refused.items()
                  for gid in lay.tests_of(ex)}
         to_run = [gid for gid, _ in lay.tests if gid not in zeros]
-        outcomes = run_checks(chapter, program, to_run, limits, submission_dir=path.parent) if to_run else {}
+        outcomes = run_checks(chapter, program, to_run, limits, submission_dir=path.parent,
+                              setup=len(lay.setup)) if to_run else {}
         outcomes.update(zeros)
         note = f"exercise cell(s) not found: {', '.join(missing)}" if missing else ""
         return Result(student, chapter, lay, outcomes, sources, note)

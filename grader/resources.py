@@ -3,7 +3,8 @@
 A check builds large inputs *in* the student's process (sending hundreds of megabytes through
 the pipe would cost time and the judge's memory), lets the student's code run, and reads what
 the process holds before and after with ``nb.memory()`` (``grader.sandbox.meter``): kernel
-numbers, not probe claims. Inputs are sized so that a correct and a wrong implementation differ
+numbers, not probe claims. A check creates its :class:`Meter` first, right after the program
+ran, so that nothing the student's code holds from earlier goes unaccounted. Inputs are sized so that a correct and a wrong implementation differ
 by tens of megabytes, far above page-level noise.
 """
 from __future__ import annotations
@@ -37,16 +38,56 @@ class Held:
     peak: int
 
 
-def held_by(nb, run: Callable[[], object]) -> tuple[Held, object]:
-    """Run ``run()`` (calls into the student's process) between two outside readings.
+FOOTPRINT = 2 * MiB  # what exercise cells may hold once run: they define functions and classes
+GROWTH = 3 * MiB  # what the student's code may keep between the check's start and a measured call
+DROP = 2 * MiB  # what a measured call may free of what was held before it
 
-    ``run`` returns the handles that must stay alive for the reading after it (for example a loss
-    whose graph holds what was saved for backward); everything else it created is dropped first.
+
+class Meter:
+    """Outside readings for one check, taken from its very start (right after the program ran).
+
+    A reading compares two moments, so memory held *before* the measured call and freed during
+    it would hide what the call keeps ("ballast"). The meter closes that: the exercise cells may
+    hold almost nothing once run (``nb.footprint()``, against a worker that ran only the setup
+    cells); between the check's start (or the last :meth:`mark`, taken after the judge built its
+    own inputs) and a measured call, the student's code may keep only ``GROWTH`` bytes (its own
+    parameters, a warm-up's leftovers); and a call may not end holding less than it started with.
     """
-    before = nb.memory(reset_peak=True)
-    keep = run()
-    after = nb.memory()
-    return Held(kept=after.held - before.held, peak=after.peak - before.peak), keep
+
+    def __init__(self, nb):
+        self.nb = nb
+        footprint = nb.footprint()
+        if footprint is not None and footprint > FOOTPRINT:
+            raise AssertionError(
+                f"once your exercise cells had run, before the grader called anything, your process held "
+                f"{mib(footprint)} more than the setup cells alone (read from outside your process): exercise "
+                "cells define functions and classes; allocate memory inside them, when they are called")
+        self.base = nb.memory()
+
+    def mark(self) -> None:
+        """The judge has built its own inputs (no student code ran since the last reading)."""
+        self.base = self.nb.memory()
+
+    def held_by(self, run: Callable[[], object], allowed_growth: int = GROWTH) -> tuple[Held, object]:
+        """Run ``run()`` (calls into the student's process) between two outside readings.
+
+        ``run`` returns the handles that must stay alive for the reading after it (for example a
+        loss whose graph holds what was saved for backward); everything else it made is dropped.
+        """
+        before = self.nb.memory(reset_peak=True)
+        if before.held - self.base.held > allowed_growth:
+            raise AssertionError(
+                f"before the measured call your code already held {mib(before.held - self.base.held)} more than "
+                "at the start of this check (read from outside your process): memory kept from earlier calls "
+                "(caches, buffers) is counted against the call that is measured; keep nothing between calls")
+        keep = run()
+        after = self.nb.memory()
+        if after.held < before.held - DROP:
+            raise AssertionError(
+                f"during the measured call your process let go of {mib(before.held - after.held)} it held before "
+                "the call (read from outside your process): memory held before a call and freed during it would "
+                "hide what the call keeps; keep nothing between calls")
+        return Held(kept=after.held - before.held, peak=after.peak - before.peak), keep
 
 
 def mib(n: int) -> str:

@@ -156,7 +156,7 @@ def _internals() -> dict[str, str]:
 ATTRIBUTES_REFUSED = {
     **_internals(),
     **dict.fromkeys(("data_ptr", "untyped_storage", "storage", "from_file", "from_buffer", "frombuffer",
-                     "from_dlpack", "ctypes", "ctypeslib", "as_strided", "share_memory_", "fromfile",
+                     "from_dlpack", "ctypes", "ctypeslib", "as_strided", "as_strided_", "set_", "share_memory_", "fromfile",
                      "tofile", "memmap", "UntypedStorage", "TypedStorage"),
                     "it reads or writes raw memory or files; work with tensor operations"),
     **dict.fromkeys(("savez", "savez_compressed", "savetxt", "loadtxt", "genfromtxt", "dump", "dumps"),

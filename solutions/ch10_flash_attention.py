@@ -221,8 +221,10 @@ print("softmax :", (torch.softmax(row, 0) @ values).numpy(), " log-sum-exp", tor
 # - **Tails.** $N$ need not be a multiple of a block size: the last blocks are shorter.
 # - **No $N \times N$.** Nothing of $N^2$ elements may exist, not even a boolean mask.
 # - **By hand.** Fused attention (`scaled_dot_product_attention`, in any spelling, and
-#   `torch.nn.attention`), NumPy and the course's own `kernels.ch10_flash_attention` are refused by
-#   the grader in every exercise of this chapter: use torch operations (and Triton in section 7).
+#   `torch.nn.attention`), torch's attention layers (`multi_head_attention_forward`,
+#   `nn.MultiheadAttention`, the `nn.Transformer*` layers), NumPy and the course's own
+#   `kernels.ch10_flash_attention` are refused by the grader in every exercise of this chapter: use
+#   torch operations (and Triton in section 7).
 # - Accumulate in float32 (float64 for float64 inputs): `torch.promote_types(q.dtype, torch.float32)`.
 
 # %% exercise="flash_attention_forward"

@@ -28,7 +28,7 @@ from coursekit.checks import check_close, check_equal, same_values
 from coursekit.transfer import TransferCNN
 from grader import probes
 from grader.api import fetch, hidden_test
-from grader.resources import MiB, fresh_tensor, held_by, mib
+from grader.resources import MiB, Meter, fresh_tensor, mib
 from grader.source_policy import Shortcut, SourcePolicy
 
 # The course's TinyTL kernels (kernels.ch05_tinytl) implement pack_bits, unpack_bits and relu_1bit.
@@ -255,6 +255,7 @@ def _relu_reference(x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, tor
 
 @hidden_test("test_relu_1bit")
 def check_relu_1bit(nb):
+    _check_relu_memory(nb, Meter(nb))  # first: nothing the student's code holds goes unaccounted
     cases = [((1,), torch.float32), ((7,), torch.float32), ((61,), torch.float64), ((1000,), torch.float32),
              ((37, 53), torch.float32), ((2, 3, 5, 7), torch.float64), ((4, 16, 8, 8), torch.float32)]
     for i, (shape, dtype) in enumerate(cases):
@@ -288,17 +289,16 @@ def check_relu_1bit(nb):
         check_close(again["dx"], dx_ref, f"the gradient of {where} when x and the output are overwritten between "
                     "forward and backward", "backward must use only the packed mask saved for it, not x or the "
                     "output kept some other way (a ctx attribute)", atol=0, rtol=0)
-    _check_relu_memory(nb)
 
 
-def _check_relu_memory(nb, n: int = 1 << 24) -> None:
+def _check_relu_memory(nb, meter: Meter, n: int = 1 << 24) -> None:
     """What the process holds between forward and backward, read from outside it."""
     nb.relu_1bit(fresh_tensor(nb, (9,))).sum().backward()  # first call: lazily loaded code and caches
 
     def forward():
         return nb.relu_1bit(fresh_tensor(nb, (n,))).sum()  # input and output dropped, the graph kept
 
-    held, loss = held_by(nb, forward)
+    held, loss = meter.held_by(forward)
     limit = math.ceil(n / 8) + MiB
     if held.kept > limit:
         raise AssertionError(

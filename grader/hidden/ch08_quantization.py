@@ -4,7 +4,7 @@ References are the naive math in float64, written here: bf16 rounding is compare
 own conversion bit for bit; absmax and NF4 codes are recomputed by brute force (the nearest level
 by distance to all 16, the integer code by rounding in float64). Where a value lies within a hair
 of a rounding boundary, either neighbour is accepted, since float32 arithmetic may land on either
-side. QLoRA's memory is read from outside the student's process on a 2M-weight layer, after
+side. QLoRA's memory is read from outside the student's process on a 4M-weight layer, after
 construction and after a training step (``grader.resources``); the tensor inventory
 (``probes.ch08_tensor_inventory``) names what was kept on the small layers.
 """
@@ -18,7 +18,7 @@ from torch import nn
 from coursekit.checks import check_close, check_equal, same_close
 from grader import probes
 from grader.api import fetch, hidden_test
-from grader.resources import MiB, fresh_tensor, held_by, mib
+from grader.resources import MiB, Meter, fresh_tensor, mib
 from grader.source_policy import Shortcut, SourcePolicy
 
 # round_to_bf16 works on integer bits: no bfloat16 dtype (nor autocast, whose CPU dtype is bfloat16) in
@@ -311,15 +311,16 @@ def _check_storage(nb, layer, n_weight: int, n_out: int, block: int, where: str)
                              "two codes per byte, as nf4_quantize returns them")
 
 
-def _check_held_memory(nb, out_features: int = 1024, in_features: int = 2048, block: int = 64) -> None:
+def _check_held_memory(nb, meter: Meter, out_features: int = 2048, in_features: int = 2048, block: int = 64) -> None:
     """What the process holds for a large layer, read from outside it: after construction (the base
     Linear released) and again after a forward and backward pass (nothing cached in between)."""
     n = out_features * in_features
     linear = nb.put(nn.Linear)
+    meter.mark()
     warm = nb.QLoRALinear(linear(64, 8, bias=False), 2, 4.0, block)
     warm(fresh_tensor(nb, (2, 64))).sum().backward()  # first call: lazily loaded code and caches
     del warm
-    held, layer = held_by(nb, lambda: nb.QLoRALinear(linear(in_features, out_features, bias=False), 4, 8.0, block))
+    held, layer = meter.held_by(lambda: nb.QLoRALinear(linear(in_features, out_features, bias=False), 4, 8.0, block))
     budget = (n + 1) // 2 + 4 * -(-n // block) + MiB
     where = f"QLoRALinear(Linear({in_features}, {out_features}, bias=False), 4, 8.0, block_size={block})"
     if held.kept > budget:
@@ -327,7 +328,8 @@ def _check_held_memory(nb, out_features: int = 1024, in_features: int = 2048, bl
             f"{where}: with the base layer released, your process still held {mib(held.kept)} more than before "
             f"(read from outside your process); the packed codes and absmax need {mib(budget - MiB)}, the float "
             f"weight is {mib(4 * n)}. {COPY_HINT}")
-    after, _ = held_by(nb, lambda: layer(fresh_tensor(nb, (3, in_features))).sum().backward())
+    after, _ = meter.held_by(lambda: layer(fresh_tensor(nb, (3, in_features))).sum().backward(),
+                             budget + 3 * MiB)  # the layer itself is held by now
     if held.kept + after.kept > budget:
         raise AssertionError(
             f"{where}: after one forward and backward pass your process held {mib(held.kept + after.kept)} for "
@@ -337,6 +339,7 @@ def _check_held_memory(nb, out_features: int = 1024, in_features: int = 2048, bl
 
 @hidden_test("test_qlora_linear")
 def check_qlora_linear(nb):
+    _check_held_memory(nb, Meter(nb))  # first: nothing the student's code holds goes unaccounted
     for rank, alpha, block, bias, lead, seed in ((4, 8.0, 64, True, (2, 3), 1), (3, 1.5, 32, False, (5,), 2)):
         torch.manual_seed(seed)
         base = nn.Linear(37, 53, bias=bias)
@@ -389,7 +392,6 @@ def check_qlora_linear(nb):
             raise AssertionError(f"{extra} received gradients: the frozen base (weight and bias) gets none")
         _check_storage(nb, layer, W0.numel(), 53, block, f"{where}, after a forward and backward pass,")
 
-    _check_held_memory(nb)
     for bad in (0, -1, 2.5):
         if not _raises_value_error(nb, "QLoRALinear", nn.Linear(37, 53), bad, 1.0):
             raise AssertionError(f"QLoRALinear(base, rank={bad!r}, alpha=1.0) should raise ValueError: rank must "

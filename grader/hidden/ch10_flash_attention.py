@@ -17,7 +17,7 @@ import torch
 from coursekit.checks import check_close, same_close
 from grader import probes
 from grader.api import fetch, hidden_test
-from grader.resources import fresh_tensor, held_by, mib
+from grader.resources import Meter, fresh_tensor, mib
 from grader.source_policy import Shortcut, SourcePolicy
 
 # Tiles by hand: no fused attention (any spelling), no NumPy (invisible to the operator trace), not the
@@ -26,6 +26,13 @@ SOURCE_POLICY = SourcePolicy(modules=("triton",), refused=("numpy",), shortcuts=
     Shortcut(paths=("torch.nn.functional.scaled_dot_product_attention", "torch.nn.attention"),
              pattern=r"scaled_dot_product",
              instead="write the tiled loop with the online softmax yourself"),
+    # Library layers that run fused attention inside them.
+    Shortcut(paths=("torch.nn.functional.multi_head_attention_forward", "torch.nn.MultiheadAttention",
+                    "torch.nn.Transformer", "torch.nn.TransformerEncoderLayer", "torch.nn.TransformerDecoderLayer",
+                    "torch.nn.TransformerEncoder", "torch.nn.TransformerDecoder", "torch.backends.cuda"),
+             pattern=r"multi_head_attention|MultiheadAttention|Transformer|sdp_kernel|_attention_forward",
+             instead="write the tiled loop with the online softmax yourself; attention layers of torch.nn "
+                     "compute attention for you"),
     Shortcut(pattern=r"^numpy$", instead="compute with torch (or Triton) operations"),
     Shortcut(paths=("kernels.ch10_flash_attention",),
              instead="write the kernels yourself; kernels.ch10_flash_attention is the course's own answer"),
@@ -126,6 +133,8 @@ def _forward_case(nb, shape, causal, bq, bk, seed, rising=False, hint=""):
 
 @hidden_test("test_flash_attention_forward")
 def check_flash_attention_forward(nb):
+    # First: nothing the student's code holds goes unaccounted.
+    _check_peak(nb, Meter(nb), "flash_attention_forward", 4096, lambda q, k, v: (q, k, v, False, 64, 64))
     # One block covers everything: plain softmax attention, no online update involved.
     _forward_case(nb, (2, 3, 37, 16), False, 64, 64, seed=1, hint="with a single block this is plain softmax "
                   "attention, softmax(q kᵀ / sqrt(d)) v, over the N keys: the block is larger than N, and "
@@ -142,22 +151,25 @@ def check_flash_attention_forward(nb):
     for causal in (False, True):
         traced = _forward_case(nb, (1, 2, 100, 16), causal, 32, 16, seed=9, hint=CAUSAL_HINT if causal else TAIL_HINT)
         _check_no_nxn(traced, 100, f"in flash_attention_forward (N = 100, causal={causal})")
-    _check_peak(nb, "flash_attention_forward", 4096, lambda q, k, v: (q, k, v, False, 64, 64))
 
 
-def _check_peak(nb, fn_name: str, n: int, args, d: int = 64) -> None:
-    """The memory the process reaches while the function runs, read from outside it: no N × N tensor
-    exists at any moment, whatever the code does to hide it from the op trace above."""
+def _check_peak(nb, meter: Meter, fn_name: str, n: int, args, d: int = 64) -> dict:
+    """One call on N = n, traced, with the memory the process reaches while it runs read from outside
+    it: no N × N tensor exists at any moment, whatever the code does to hide it from the op trace."""
     fn = nb[fn_name]
-    fn(*args(*(fresh_tensor(nb, (1, 1, 16, d), requires_grad=False) for _ in range(3))))  # warm up
     q, k, v = (fresh_tensor(nb, (1, 1, n, d), requires_grad=False) for _ in range(3))
-    held, _ = held_by(nb, lambda: fn(*args(q, k, v)))
+    meter.mark()
+    # Warm up on every code path (several blocks, traced): the first call loads code pages.
+    nb.apply(probes.ch10_trace, fn, *args(*(fresh_tensor(nb, (1, 1, 256, d), requires_grad=False) for _ in range(3))))
+    held, traced = meter.held_by(lambda: nb.apply(probes.ch10_trace, fn, *args(q, k, v)))
+    where = f"{fn_name} on (B, H, N, d) = (1, 1, {n}, {d})"
+    _check_no_nxn(traced, n, f"in {where}")
     square = n * n * 4
     if held.peak >= square // 4:
         raise AssertionError(
-            f"{fn_name} on (B, H, N, d) = (1, 1, {n}, {d}): while it ran, your process grew by {mib(held.peak)} "
-            f"(read from outside your process); one N × N float32 tensor is {mib(square)}, the inputs together "
-            f"{mib(3 * n * d * 4)}. {NN_HINT}")
+            f"{where}: while it ran, your process grew by {mib(held.peak)} (read from outside your process); one "
+            f"N × N float32 tensor is {mib(square)}, the inputs together {mib(3 * n * d * 4)}. {NN_HINT}")
+    return traced
 
 
 # --- backward ----------------------------------------------------------------------------------------
@@ -234,8 +246,18 @@ def check_flash_attention_function(nb):
 TORCH_MATH = ("mm", "bmm", "matmul", "addmm", "baddbmm", "einsum", "exp", "softmax", "_softmax", "logsumexp")
 
 
+def _check_kernel_computes(traced: dict, where: str) -> None:
+    used = sorted(set(traced["ops"]) & set(TORCH_MATH) | {op for op in traced["ops"] if "scaled_dot" in op})
+    if used:
+        raise AssertionError(f"{where}: PyTorch computed {', '.join(used)}: the attention must be computed "
+                             "by your Triton kernel (complete its loop over key blocks)")
+
+
 @hidden_test("test_flash_attention_triton")
 def check_flash_attention_triton(nb):
+    # First: nothing the student's code holds goes unaccounted; causal: half the tiles in the interpreter.
+    traced = _check_peak(nb, Meter(nb), "flash_attention_triton", 1024, lambda q, k, v: (q, k, v, True), d=16)
+    _check_kernel_computes(traced, "for flash_attention_triton with (B, H, N, d) = (1, 1, 1024, 16), causal=True")
     cases = [((1, 2, 100, 16), False, 31, True, RESCALE_HINT),  # 4 key blocks of 32, rising maxima
              ((1, 2, 100, 16), True, 32, False, CAUSAL_HINT),
              ((1, 1, 70, 32), True, 33, True, f"{CAUSAL_HINT}; {RESCALE_HINT}")]
@@ -243,11 +265,7 @@ def check_flash_attention_triton(nb):
         q, k, v = _qkv(*shape, seed=seed, rising=rising)
         where = f"for flash_attention_triton with (B, H, N, d) = {shape}, causal={causal}"
         traced = _trace(nb, "flash_attention_triton", q, k, v, causal)
-        used = sorted(set(traced["ops"]) & set(TORCH_MATH) | {op for op in traced["ops"] if "scaled_dot" in op})
-        if used:
-            raise AssertionError(f"{where}: PyTorch computed {', '.join(used)}: the attention must be computed "
-                                 "by your Triton kernel (complete its loop over key blocks)")
+        _check_kernel_computes(traced, where)
         o = traced["result"]
         o_ref, _ = _reference(q, k, v, causal)
         _close(o, o_ref, "o", where, f"{hint}; masked scores are -inf (columns ≥ N, and after the row if causal)")
-    _check_peak(nb, "flash_attention_triton", 1024, lambda q, k, v: (q, k, v, True), d=16)  # causal: half the tiles

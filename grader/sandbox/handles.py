@@ -95,6 +95,10 @@ class RemoteNamespace:
         """
         return self._worker.memory(reset_peak)
 
+    def footprint(self) -> int | None:
+        """Bytes the exercise cells held once they ran, beyond the setup cells (None: not known)."""
+        return self._worker.footprint
+
     def apply(self, fn, *args, **kwargs):
         """Run ``grader.probes.<fn>`` in the student's process; return its result as plain data."""
         name = getattr(fn, "__name__", "")

@@ -149,6 +149,7 @@ Residual risks, stated plainly:
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,12 +205,14 @@ def _read_submission(submission_dir: Path | None) -> dict[str, bytes]:
 
 
 def run_checks(chapter: str, program: list[str], grade_ids: list[str], limits: Limits = Limits(),
-               submission_dir: Path | None = None) -> dict[str, Outcome]:
+               submission_dir: Path | None = None, setup: int | None = None) -> dict[str, Outcome]:
     """Run each hidden test ``grade_ids`` of ``chapter`` against ``program`` in a fresh worker.
 
     ``program`` is the list of cell sources to execute in order: the release's setup cells,
-    then the student's exercise cells. Returns one :class:`Outcome` per grade_id; never
-    raises because of anything the submission does.
+    then the student's exercise cells; ``setup`` says how many of them are the release's setup
+    cells (it lets memory checks see what the exercise cells themselves hold once they ran).
+    Returns one :class:`Outcome` per grade_id; never raises because of anything the submission
+    does.
     """
     checks = checks_for(chapter)
     files = _read_submission(submission_dir)
@@ -219,16 +222,36 @@ def run_checks(chapter: str, program: list[str], grade_ids: list[str], limits: L
         if check is None:
             outcomes[grade_id] = Outcome(grade_id, False, "the grader has no hidden test for this cell")
             continue
-        outcomes[grade_id] = _run_one(grade_id, check, program, files, limits)
+        outcomes[grade_id] = _run_one(grade_id, check, program, files, limits, setup)
     return outcomes
 
 
-def _run_one(grade_id: str, check, program: list[str], files: dict, limits: Limits) -> Outcome:
+_SETUP_HELD: dict[tuple, int] = {}
+_SETUP_LOCK = threading.Lock()
+
+
+def _setup_held(setup: tuple[str, ...], limits: Limits) -> int:
+    """Bytes a worker holds after running only the release's setup cells (once per judge process)."""
+    with _SETUP_LOCK:
+        if setup not in _SETUP_HELD:
+            worker = _server().spawn(limits)
+            try:
+                worker.run_program(list(setup), {})
+                _SETUP_HELD[setup] = worker.memory().held
+            finally:
+                worker.close()
+        return _SETUP_HELD[setup]
+
+
+def _run_one(grade_id: str, check, program: list[str], files: dict, limits: Limits,
+             setup: int | None = None) -> Outcome:
     worker = _server().spawn(limits)
     try:
         passed, reason = False, ""
         try:
             worker.run_program(program, files)
+            if setup is not None:  # what the exercise cells hold before the check calls anything
+                worker.footprint = worker.memory().held - _setup_held(tuple(program[:setup]), limits)
             with judging():
                 check(RemoteNamespace(worker))
             passed = True
