@@ -133,7 +133,7 @@ def _check_segment(nb, module, x, g, *extra, seed=0, x_requires_grad=True, hint=
 
 @hidden_test("test_checkpoint")
 def check_checkpoint(nb):
-    _check_held_memory(nb, Meter(nb))  # first: nothing the student's code holds goes unaccounted
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
     # Plain MLP, input requiring grad, awkward sizes.
     _check_segment(nb, _mlp(1), _randn(7, 37, seed=2), _randn(7, 11, seed=3),
                    where="for an MLP 37 → 53 → 29 → 11 on a batch of 7")
@@ -152,15 +152,16 @@ def check_checkpoint(nb):
     x2 = _randn(4, 17, seed=14).requires_grad_(True)
     _check_segment(nb, bil, _randn(4, 13, seed=15), _randn(4, 5, seed=16), x2, x_requires_grad=False,
                    where="for nn.Bilinear with two inputs (checkpoint(bilinear, x1, x2), only x2 requiring grad)")
+    _check_held_memory(nb, meter)
 
 
 def _check_held_memory(nb, meter: Meter, width: int = 768, depth: int = 6, batch: int = 512) -> None:
     """What the process holds between forward and backward, read from outside it: the input only."""
-    linear, relu = nb.put(nn.Linear), nb.put(nn.ReLU)
-    layers = [layer for _ in range(depth) for layer in (linear(width, width), relu())]
-    mlp = nb.put(nn.Sequential)(*layers)
-    del layers
-    meter.mark()
+    def build():
+        linear, relu = nb.put(nn.Linear), nb.put(nn.ReLU)
+        return nb.put(nn.Sequential)(*[layer for _ in range(depth) for layer in (linear(width, width), relu())])
+
+    mlp = meter.judge(build)
     nb.checkpoint(mlp, fresh_tensor(nb, (2, width))).sum()  # first call (no backward: no gradients yet)
     held, loss = meter.held_by(lambda: nb.checkpoint(mlp, fresh_tensor(nb, (batch, width))).sum())
     x_bytes = batch * width * 4

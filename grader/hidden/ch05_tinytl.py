@@ -133,7 +133,7 @@ def _check_reference(nb, cin, cout, stride, d, groups, k, H, W, seed):
 
 @hidden_test("test_LiteResidual")
 def check_lite_residual(nb):
-    _check_lite_memory(nb, Meter(nb))  # first: nothing the student's code holds goes unaccounted
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
     for bad, what in (((8, 8, 1, 2, 3, 5), "groups=3 does not divide 8 channels"),
                       ((6, 8, 1, 2, 4, 5), "groups=4 does not divide 6 input channels"),
                       ((8, 8, 1, 0, 2, 5), "downsample=0"), ((8, 8, 0, 2, 2, 5), "stride=0"),
@@ -162,13 +162,15 @@ def check_lite_residual(nb):
             f"LiteResidual(16, 16) on a (4, 16, 16, 16) input keeps {got['activation_bytes']:,} bytes for backward, "
             f"more than its four tensors at the pooled 8×8 resolution (≤ {bound:,}): a tensor at the input's full "
             "resolution is kept. nn.AvgPool2d / F.avg_pool2d keep their whole input; pool with avg_pool_lean")
+    _check_lite_memory(nb, meter)
 
 
-def _check_lite_memory(nb, meter: Meter, B: int = 128, C: int = 32, H: int = 32, d: int = 4) -> None:
+def _check_lite_memory(nb, meter: Meter, B: int = 256, C: int = 32, H: int = 32, d: int = 4) -> None:
     """What the lite residual keeps for backward, read from outside the student's process on a large
     input that nothing else holds."""
     lite = nb.LiteResidual(C, C, 1, d, 2, 5)
-    held = _lite_held(meter, lite, (B, C, H, H))
+    # The earlier cases leave a few MiB of allocator caches and modules behind: allow for them.
+    held = _lite_held(meter, lite, (B, C, H, H), allowed_growth=GROWTH + 9 * MiB)
     pooled = B * C * (H // d) ** 2 * 4
     if held > 6 * pooled + MiB:
         raise AssertionError(
@@ -204,14 +206,15 @@ def _check_main_branch_held(nb, meter: Meter, batch: int = 1024) -> None:
     the same inputs alone. Only the 1-bit masks and the classifier's input may remain."""
     model = nb.apply_tinytl(nb.put(load_pretrained_cnn(seed=5)))
     model(fresh_tensor(nb, (2, 1, 8, 8), requires_grad=False)).sum().backward()  # warm up
-    # The student's model and lite residuals hold their parameters and gradients (about 4 MiB) by now.
+    # The models of the earlier cases, the student's lite residuals with their gradients and allocator caches
+    # come to about 10 MiB by now.
     whole, _ = meter.held_by(lambda: model(fresh_tensor(nb, (batch, 1, 8, 8), requires_grad=False)).sum(),
-                             GROWTH + 5 * MiB)
+                             GROWTH + 17 * MiB)
     lite = 0
     for i, ((cin, h, _), (cout, h_out, _)) in enumerate(BLOCK_SHAPES):
         groups = 2 if cin % 2 == 0 and cout % 2 == 0 else 1
         lite += _lite_held(meter, nb.LiteResidual(cin, cout, h // h_out, 2, groups), (batch, cin, h, h),
-                           requires_grad=i > 0, allowed_growth=GROWTH + 5 * MiB)
+                           requires_grad=i > 0, allowed_growth=GROWTH + 17 * MiB)
     masks = sum(-(-batch * math.prod(out) // 8) for _, out in BLOCK_SHAPES)
     bound = masks + batch * 128 * 4 + 2 * MiB
     main = whole.kept - lite
@@ -226,7 +229,7 @@ def _check_main_branch_held(nb, meter: Meter, batch: int = 1024) -> None:
 
 @hidden_test("test_apply_tinytl")
 def check_apply_tinytl(nb):
-    _check_main_branch_held(nb, Meter(nb))  # first: nothing the student's code holds goes unaccounted
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
     base = load_pretrained_cnn(seed=3)
     x, y = _target_batch(24)
     with torch.no_grad():
@@ -271,6 +274,7 @@ def check_apply_tinytl(nb):
             f"outside the lite residuals one training step keeps {saved['outside']['bytes']:,} bytes (largest: "
             f"{big}); 1-bit ReLU masks take {masks:,} bytes, fp32 ReLU outputs {fp32_relu:,}. Replace each block's "
             "ReLU by relu_1bit and keep every original weight frozen")
+    _check_main_branch_held(nb, meter)
     # It trains: the loss goes down and every trainable parameter moves.
     xb, yb = _target_batch(48, offset=100)
     run = fetch(nb.apply(probes.ch05_train_steps, nb.apply_tinytl(nb.put(load_pretrained_cnn(seed=4))), xb, yb, 6, 1e-2))

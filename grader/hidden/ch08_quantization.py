@@ -316,7 +316,6 @@ def _check_held_memory(nb, meter: Meter, out_features: int = 2048, in_features: 
     Linear released) and again after a forward and backward pass (nothing cached in between)."""
     n = out_features * in_features
     linear = nb.put(nn.Linear)
-    meter.mark()
     warm = nb.QLoRALinear(linear(64, 8, bias=False), 2, 4.0, block)
     warm(fresh_tensor(nb, (2, 64))).sum().backward()  # first call: lazily loaded code and caches
     del warm
@@ -339,7 +338,7 @@ def _check_held_memory(nb, meter: Meter, out_features: int = 2048, in_features: 
 
 @hidden_test("test_qlora_linear")
 def check_qlora_linear(nb):
-    _check_held_memory(nb, Meter(nb))  # first: nothing the student's code holds goes unaccounted
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
     for rank, alpha, block, bias, lead, seed in ((4, 8.0, 64, True, (2, 3), 1), (3, 1.5, 32, False, (5,), 2)):
         torch.manual_seed(seed)
         base = nn.Linear(37, 53, bias=bias)
@@ -392,6 +391,7 @@ def check_qlora_linear(nb):
             raise AssertionError(f"{extra} received gradients: the frozen base (weight and bias) gets none")
         _check_storage(nb, layer, W0.numel(), 53, block, f"{where}, after a forward and backward pass,")
 
+    _check_held_memory(nb, meter)
     for bad in (0, -1, 2.5):
         if not _raises_value_error(nb, "QLoRALinear", nn.Linear(37, 53), bad, 1.0):
             raise AssertionError(f"QLoRALinear(base, rank={bad!r}, alpha=1.0) should raise ValueError: rank must "

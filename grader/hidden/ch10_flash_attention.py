@@ -133,8 +133,7 @@ def _forward_case(nb, shape, causal, bq, bk, seed, rising=False, hint=""):
 
 @hidden_test("test_flash_attention_forward")
 def check_flash_attention_forward(nb):
-    # First: nothing the student's code holds goes unaccounted.
-    _check_peak(nb, Meter(nb), "flash_attention_forward", 4096, lambda q, k, v: (q, k, v, False, 64, 64))
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
     # One block covers everything: plain softmax attention, no online update involved.
     _forward_case(nb, (2, 3, 37, 16), False, 64, 64, seed=1, hint="with a single block this is plain softmax "
                   "attention, softmax(q kᵀ / sqrt(d)) v, over the N keys: the block is larger than N, and "
@@ -151,14 +150,14 @@ def check_flash_attention_forward(nb):
     for causal in (False, True):
         traced = _forward_case(nb, (1, 2, 100, 16), causal, 32, 16, seed=9, hint=CAUSAL_HINT if causal else TAIL_HINT)
         _check_no_nxn(traced, 100, f"in flash_attention_forward (N = 100, causal={causal})")
+    _check_peak(nb, meter, "flash_attention_forward", 4096, lambda q, k, v: (q, k, v, False, 64, 64))
 
 
 def _check_peak(nb, meter: Meter, fn_name: str, n: int, args, d: int = 64) -> dict:
     """One call on N = n, traced, with the memory the process reaches while it runs read from outside
     it: no N × N tensor exists at any moment, whatever the code does to hide it from the op trace."""
     fn = nb[fn_name]
-    q, k, v = (fresh_tensor(nb, (1, 1, n, d), requires_grad=False) for _ in range(3))
-    meter.mark()
+    q, k, v = meter.judge(lambda: [fresh_tensor(nb, (1, 1, n, d), requires_grad=False) for _ in range(3)])
     # Warm up on every code path (several blocks, traced): the first call loads code pages.
     nb.apply(probes.ch10_trace, fn, *args(*(fresh_tensor(nb, (1, 1, 256, d), requires_grad=False) for _ in range(3))))
     held, traced = meter.held_by(lambda: nb.apply(probes.ch10_trace, fn, *args(q, k, v)))
@@ -255,9 +254,7 @@ def _check_kernel_computes(traced: dict, where: str) -> None:
 
 @hidden_test("test_flash_attention_triton")
 def check_flash_attention_triton(nb):
-    # First: nothing the student's code holds goes unaccounted; causal: half the tiles in the interpreter.
-    traced = _check_peak(nb, Meter(nb), "flash_attention_triton", 1024, lambda q, k, v: (q, k, v, True), d=16)
-    _check_kernel_computes(traced, "for flash_attention_triton with (B, H, N, d) = (1, 1, 1024, 16), causal=True")
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
     cases = [((1, 2, 100, 16), False, 31, True, RESCALE_HINT),  # 4 key blocks of 32, rising maxima
              ((1, 2, 100, 16), True, 32, False, CAUSAL_HINT),
              ((1, 1, 70, 32), True, 33, True, f"{CAUSAL_HINT}; {RESCALE_HINT}")]
@@ -269,3 +266,6 @@ def check_flash_attention_triton(nb):
         o = traced["result"]
         o_ref, _ = _reference(q, k, v, causal)
         _close(o, o_ref, "o", where, f"{hint}; masked scores are -inf (columns ≥ N, and after the row if causal)")
+    # Causal: half the tiles in the interpreter.
+    traced = _check_peak(nb, meter, "flash_attention_triton", 1024, lambda q, k, v: (q, k, v, True), d=16)
+    _check_kernel_computes(traced, "for flash_attention_triton with (B, H, N, d) = (1, 1, 1024, 16), causal=True")
