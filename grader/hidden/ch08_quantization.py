@@ -314,6 +314,8 @@ def _check_storage(nb, layer, n_weight: int, n_out: int, block: int, where: str)
 def _check_held_memory(nb, meter: Meter, out_features: int = 2048, in_features: int = 2048, block: int = 64) -> None:
     """What the process holds for a large layer, read from outside it: after construction (the base
     Linear released) and again after a forward and backward pass (nothing cached in between)."""
+    if not meter.strict:  # in-kernel, the judge's own large references share the process: read in the sandbox only
+        return
     n = out_features * in_features
     linear = nb.put(nn.Linear)
     warm = nb.QLoRALinear(linear(64, 8, bias=False), 2, 4.0, block)
