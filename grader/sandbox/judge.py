@@ -85,7 +85,11 @@ Threat → defence (a determined student controls everything inside the worker):
    a correct and a wrong implementation differ by tens of megabytes (checkpointing, 1-bit ReLU,
    the lite residual and TinyTL's main branch, QLoRA after construction and after a step,
    FlashAttention's peak). The fork server pins glibc's mmap threshold at 64 KiB so that freed
-   tensors leave the resident set. Facts that cannot be read from outside are checked
+   tensors leave the resident set. Memory held before a measured call and freed during it
+   ("ballast") would hide what the call keeps, so a check's ``grader.resources.Meter`` takes its
+   first reading before any student call, the exercise cells may hold at most 2 MiB once run
+   (against a worker that ran only the setup cells, ``nb.footprint()``), what the student's code
+   keeps before the measured call is capped, and the call may not free what it held before. Facts that cannot be read from outside are checked
    behaviourally (values the judge recomputes, weights compared before and after steps the
    judge drives) or, where they stay in-process (FLOP counts, recomputation order, op traces),
    they only add to what the outside checks already require, behind the source policy.
