@@ -81,6 +81,9 @@ def _correct_variants() -> list[tuple[str, str, str]]:
 
 # Variants there that do what their chapter forbids: the policy refuses them as well.
 FORBIDDEN_VARIANTS = {("ch00_memory", "runs_the_step_instead"): "coursekit",
+                      ("ch00_memory", "materialises_with_to_empty"): "coursekit",
+                      ("ch00_memory", "swaps_in_real_weights"): "coursekit",
+                      ("ch00_memory", "assigns_a_state_dict"): "coursekit",
                       ("ch08_quantization", "round_via_bf16"): "bfloat16",
                       ("ch10_flash_attention", "forward_sdpa"): "scaled_dot_product_attention"}
 
@@ -292,7 +295,7 @@ def test_a_refused_exercise_scores_zero_and_is_not_run(tmp_path, monkeypatch):
     path = write(tmp_path, "s", chapter, with_exercise(chapter, "checkpoint", forbidden))
     seen = {}
 
-    def fake_run_checks(chapter_, program, grade_ids, limits, submission_dir=None):
+    def fake_run_checks(chapter_, program, grade_ids, limits, submission_dir=None, setup=None):
         seen.update(program=program, grade_ids=grade_ids)
         return {gid: Outcome(gid, True, "") for gid in grade_ids}
 
@@ -329,7 +332,7 @@ def test_the_reference_submission_is_not_refused(tmp_path, monkeypatch):
     chapter = "ch10_flash_attention"
     path = write(tmp_path, "s", chapter, reference(chapter))
     calls = []
-    monkeypatch.setattr(autograde, "run_checks", lambda ch, program, gids, limits, submission_dir=None:
+    monkeypatch.setattr(autograde, "run_checks", lambda ch, program, gids, limits, submission_dir=None, setup=None:
                         calls.append(gids) or {g: Outcome(g, True, "") for g in gids})
     lay = autograde.release_layout(chapter)
     result = autograde.grade_one("s", chapter, path, lay, autograde.Limits())
