@@ -353,8 +353,20 @@ def test_every_dashboard_slider_redraws(browser, demo_server):
                 times[ch] = _check_dashboard(page, ch)
                 print(f"{ch:<24} redraw per control (s): " + ", ".join(f"{k} {v:.2f}" for k, v in times[ch].items()))
             except Exception as e:  # report every chapter, not only the first that fails
-                problems.append(f"{ch}: {type(e).__name__}: {str(e)[:800]}")
                 _shot(page, f"demo-{ch}-failed")
+                page.context.close()
+                # A kernel that stalls while another dashboard starts beside it (seen once on a
+                # loaded 2-core machine) gets one more chance, alone, in a fresh page and kernel.
+                page = _page(browser, width=1500, height=1000)
+                page.goto(f"{base}/voila/render/{ch}.ipynb", wait_until="commit", timeout=START_S * 1000)
+                try:
+                    times[ch] = _check_dashboard(page, ch)
+                    print(f"{ch:<24} (second try after {type(e).__name__}) redraw per control (s): "
+                          + ", ".join(f"{k} {v:.2f}" for k, v in times[ch].items()))
+                except Exception as e2:  # noqa: BLE001
+                    problems.append(f"{ch}: {type(e).__name__}: {str(e)[:400]}; again: {type(e2).__name__}: "
+                                    f"{str(e2)[:400]}")
+                    _shot(page, f"demo-{ch}-failed-again")
             page.context.close()
             (ARTIFACTS / "redraw_seconds.json").write_text(json.dumps(times, indent=1))
     assert not problems, "\n".join(problems)
