@@ -102,8 +102,8 @@ class LocalNamespace:
     def apply(self, fn: Callable, *args, **kwargs):
         return fn(*args, **kwargs)
 
-    def footprint(self):
-        """Not known in-kernel (see ``RemoteNamespace.footprint``)."""
+    def setup_held(self):
+        """Not known in-kernel (see ``RemoteNamespace.setup_held``)."""
         return None
 
     def memory(self, reset_peak: bool = False):

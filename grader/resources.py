@@ -4,8 +4,9 @@ A check builds large inputs *in* the student's process (sending hundreds of mega
 the pipe would cost time and the judge's memory), lets the student's code run, and reads what
 the process holds before and after with ``nb.memory()`` (``grader.sandbox.meter``): kernel
 numbers, not probe claims. A check creates its :class:`Meter` first, right after the program
-ran, so that nothing the student's code holds from earlier goes unaccounted. Inputs are sized so that a correct and a wrong implementation differ
-by tens of megabytes, far above page-level noise.
+ran, so that nothing the student's code holds from earlier goes unaccounted. Inputs are sized so
+that a correct and a wrong implementation differ by tens of megabytes, far above page-level
+noise.
 """
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ class Meter:
 
     A reading compares two moments, so memory held *before* the measured call and freed during
     it would hide what the call keeps ("ballast"). The meter closes that: the exercise cells may
-    hold almost nothing once run (``nb.footprint()``, against a worker that ran only the setup
-    cells); between the check's start and a measured call, the student's code may keep only
+    hold almost nothing once run (the first reading against ``nb.setup_held()``, a worker that
+    ran only the setup cells); between the check's start and a measured call, the student's code may keep only
     ``GROWTH`` bytes (its own parameters, a warm-up's leftovers; what the judge builds there goes
     through :meth:`judge` and is not counted); and a call may not end holding less than it started
     with. Create the meter first thing in a check, before any call into the student's code.
@@ -59,13 +60,13 @@ class Meter:
 
     def __init__(self, nb):
         self.nb = nb
-        footprint = nb.footprint()
-        if footprint is not None and footprint > FOOTPRINT:
+        self.base = nb.memory()
+        setup = nb.setup_held()
+        if setup is not None and self.base.held - setup > FOOTPRINT:
             raise AssertionError(
                 f"once your exercise cells had run, before the grader called anything, your process held "
-                f"{mib(footprint)} more than the setup cells alone (read from outside your process): exercise "
-                "cells define functions and classes; allocate memory inside them, when they are called")
-        self.base = nb.memory()
+                f"{mib(self.base.held - setup)} more than the setup cells alone (read from outside your process): "
+                "exercise cells define functions and classes; allocate memory inside them, when they are called")
         self.judged = 0
         # In-kernel (an instructor's own notebook, the tests of hidden tests) judge and student share one
         # trusted process: only the measured call's own growth is read there.

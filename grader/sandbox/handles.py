@@ -95,9 +95,13 @@ class RemoteNamespace:
         """
         return self._worker.memory(reset_peak)
 
-    def footprint(self) -> int | None:
-        """Bytes the exercise cells held once they ran, beyond the setup cells (None: not known)."""
-        return self._worker.footprint
+    def setup_held(self) -> int | None:
+        """Bytes a worker holds after running only the release's setup cells (None: not known).
+
+        Measured once per chapter in a worker of its own; against a reading taken before any call
+        into the student's code, it says what the exercise cells themselves hold once run.
+        """
+        return self._worker.setup_held()
 
     def apply(self, fn, *args, **kwargs):
         """Run ``grader.probes.<fn>`` in the student's process; return its result as plain data."""

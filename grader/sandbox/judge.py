@@ -88,11 +88,12 @@ Threat → defence (a determined student controls everything inside the worker):
    tensors leave the resident set. Memory held before a measured call and freed during it
    ("ballast") would hide what the call keeps, so a check's ``grader.resources.Meter`` takes its
    first reading before any student call, the exercise cells may hold at most 2 MiB once run
-   (against a worker that ran only the setup cells, ``nb.footprint()``), what the student's code
-   keeps before the measured call is capped, and the call may not free what it held before. Facts that cannot be read from outside are checked
-   behaviourally (values the judge recomputes, weights compared before and after steps the
-   judge drives) or, where they stay in-process (FLOP counts, recomputation order, op traces),
-   they only add to what the outside checks already require, behind the source policy.
+   (against a worker that ran only the setup cells, ``nb.setup_held()``), what the student's code
+   keeps before the measured call is capped, and the call may not free what it held before.
+   Facts that cannot be read from outside are checked behaviourally (values the judge
+   recomputes, weights compared before and after steps the judge drives) or, where they stay
+   in-process (FLOP counts, recomputation order, op traces), they only add to what the outside
+   checks already require, behind the source policy.
 9. *Harm to other students*: each worker's directory is a tmpfs of its own (128 MiB, 1,024
    inodes) in a mount namespace of its own, where the shared directory above it is read-only
    (``confine.private_workdir``), so one worker's full disk never stops another from starting.
@@ -254,8 +255,8 @@ def _run_one(grade_id: str, check, program: list[str], files: dict, limits: Limi
         passed, reason = False, ""
         try:
             worker.run_program(program, files)
-            if setup is not None:  # what the exercise cells hold before the check calls anything
-                worker.footprint = worker.memory().held - _setup_held(tuple(program[:setup]), limits)
+            if setup is not None:  # read only by checks that measure memory (grader.resources.Meter)
+                worker.setup_held = lambda: _setup_held(tuple(program[:setup]), limits)
             with judging():
                 check(RemoteNamespace(worker))
             passed = True

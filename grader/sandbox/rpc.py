@@ -251,7 +251,7 @@ class Connection:
         self.notices = 0
         self.pending_release: list[int] = []
         self.closed = False
-        self.footprint: int | None = None  # bytes the exercise cells hold once run (judge.py)
+        self.setup_held = lambda: None  # bytes a worker holds after the setup cells alone (judge.py)
 
     # transport
     def request(self, message) -> dict:
