@@ -103,11 +103,17 @@ def _dec(v, depth: int, budget: list[int]):
     raise ValueError("malformed value")
 
 
+def too_many_values(text: str | bytes, slack: int = 0) -> bool:
+    """Whether parsing ``text`` as JSON could build more than ``MAX_ITEMS`` values (checked before
+    parsing: ``json.loads`` itself builds one Python object per value)."""
+    marks = (",", "[", "{") if isinstance(text, str) else (b",", b"[", b"{")
+    return sum(text.count(m) for m in marks) > 2 * MAX_ITEMS + slack
+
+
 def decode(text: str):
     """Decode a value produced by :func:`encode`. Raises ValueError on anything else."""
     try:
-        # Refuse before parsing: json.loads itself builds one Python object per value.
-        if text.count(",") + text.count("[") + text.count("{") > 2 * MAX_ITEMS:
+        if too_many_values(text):
             raise ValueError(f"more than {MAX_ITEMS:,} values in one reply")
         return _dec(json.loads(text), 0, [MAX_ITEMS])
     except (KeyError, TypeError, AttributeError, RecursionError) as e:

@@ -44,7 +44,7 @@ import threading
 import time
 from contextlib import contextmanager
 
-from grader.sandbox.codec import MAX_ITEMS, NotTransferable, decode
+from grader.sandbox.codec import NotTransferable, decode, too_many_values
 from grader.sandbox.handles import Handle, RemoteNamespace  # noqa: F401 - public here
 
 HEADER_BYTES = 4
@@ -310,8 +310,8 @@ class Connection:
 
     def _parse(self, body: bytes) -> dict | None:
         """A reply, or None after recording an out-of-band notice."""
-        if body.count(b",") + body.count(b"[") + body.count(b"{") > 2 * MAX_ITEMS + 64:
-            raise MalformedReply()  # parsing would build one Python object per value: bound the judge's memory
+        if too_many_values(body, slack=64):  # bound the judge's memory before parsing
+            raise MalformedReply()
         try:
             msg = json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError):
