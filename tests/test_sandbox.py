@@ -516,8 +516,36 @@ def test_the_judge_lock_is_let_go_while_waiting_for_a_worker():
             entered.set()
 
     with rpc.judging():
-        with rpc._waiting_for_worker():
+        with rpc.waiting_for_worker():
             t = threading.Thread(target=other)
             t.start()
             assert entered.wait(10), "another check could not run while this one waited for its worker"
             t.join()
+
+
+def test_checks_that_read_the_setup_footprint_at_once_do_not_deadlock():
+    """Checks asking for the setup-only footprint at the same time, as `autograde --workers 2`
+    does: the first one waits for its setup worker with the judge lock let go, and the next one,
+    holding the judge lock, must not then wait for the first one's footprint lock (a batch that
+    did so stopped for good). The setup cell sleeps, so the checks meet in that window."""
+    import threading
+    import time
+
+    judge._SETUP_HELD.clear()
+    setup = SETUP + "import time\ntime.sleep(2)\n"
+    outcomes = []
+
+    def check(nb):
+        assert nb.setup_held() >= 0
+
+    def grade():
+        outcomes.append(judge._run_one("test_x", check, [setup, "x = 1\n"], {}, LIMITS, setup=1))
+
+    threads = [threading.Thread(target=grade, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "checks reading the setup footprint deadlocked"
+    assert len(outcomes) == 3 and all(o.passed for o in outcomes), [o.reason for o in outcomes]

@@ -161,7 +161,7 @@ from pathlib import Path
 from grader.api import checks_for
 from grader.sandbox.codec import NotTransferable
 from grader.sandbox.rpc import (  # noqa: F401 - StudentError, Handle, RemoteNamespace: public here
-    Handle, MissingName, RemoteNamespace, Stop, StudentError, judging)
+    Handle, MissingName, RemoteNamespace, Stop, StudentError, waiting_for_worker, judging)
 from grader.sandbox.supervisor import (  # noqa: F401 - all but format_size: public here
     CONTROL_SECONDS, REPO_ROOT, SERVER_START_SECONDS, format_size, isolation_modes, shutdown)
 # _run_one looks the server up in this module, where a caller may substitute another mode.
@@ -236,8 +236,14 @@ _SETUP_LOCK = threading.Lock()
 
 
 def _setup_held(setup: tuple[str, ...], limits: Limits) -> int:
-    """Bytes a worker holds after running only the release's setup cells (once per judge process)."""
-    with _SETUP_LOCK:
+    """Bytes a worker holds after running only the release's setup cells (once per judge process).
+
+    Called by a check, which holds the judge lock; it is let go first, for the whole wait, so
+    that two checks never hold one lock each while waiting for the other's (a deadlock that
+    stopped a batch for good: one check waited here for ``_SETUP_LOCK`` holding the judge lock,
+    while the one that held ``_SETUP_LOCK`` waited to take the judge lock back).
+    """
+    with waiting_for_worker(), _SETUP_LOCK:
         if setup not in _SETUP_HELD:
             worker = _server().spawn(limits)
             try:

@@ -75,7 +75,7 @@ def judging():
 
 
 @contextmanager
-def _waiting_for_worker():
+def waiting_for_worker():
     if not getattr(_held, "value", False):
         yield
         return
@@ -280,7 +280,7 @@ class Connection:
         buf = io.BytesIO()
         _Pickler(buf, self).dump(message)
         try:
-            with _waiting_for_worker():
+            with waiting_for_worker():
                 self._write(frame(buf.getvalue()))
                 while True:
                     reply = self._parse(read_reply_frame(self.rep_fd, self.deadline))
