@@ -1,4 +1,4 @@
-"""Command line: ``python -m grader {release,autograde,selfcheck,demo}`` (run from the repository root)."""
+"""Command line: ``python -m grader {release,autograde,selfcheck,demo,time}`` (run from the repository root)."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("chapters", nargs="*", help="chapter ids (default: all with a demo cell)")
     d.add_argument("--port", type=int, default=8866)
     d.add_argument("--build-only", action="store_true", help="write build/demo/ and exit")
+
+    t = sub.add_parser("time", help="wall time of each solved chapter, top to bottom (full mode)")
+    t.add_argument("chapters", nargs="*", help="chapter ids (default: all)")
+    t.add_argument("--fast", action="store_true", help="fast mode (COURSE_FAST=1), as the tests run")
+    t.add_argument("--save", type=Path, default=None, help="directory for the executed notebooks")
 
     args = p.parse_args(argv)
     try:
@@ -63,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"wrote {demo.BUILD / ch}.ipynb")
                 return 0
             demo.serve(args.port, chapter_ids=args.chapters or None)
+        if args.command == "time":
+            from grader.timing import main as time_main
+
+            results = time_main(args.chapters or None, fast=args.fast, save=args.save)
+            return 1 if any(r.error for r in results) else 0
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
