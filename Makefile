@@ -30,7 +30,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	@touch $(STAMP)
 
-LAB = $(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) $(ALLOW_ROOT) --ServerApp.root_dir=$(CURDIR)
+# Kernels on Unix sockets: no TCP port race between kernels started at the same time.
+LAB = $(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) $(ALLOW_ROOT) --ServerApp.root_dir=$(CURDIR) --KernelManager.transport=ipc
 
 # Students get no instructor tools: config/student switches nbgrader's menus and server pages off.
 lab: $(STAMP)

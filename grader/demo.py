@@ -344,5 +344,8 @@ def serve(port: int, dest: Path = BUILD, chapter_ids: list[str] | None = None) -
         p for p in (str(dest / "share"), os.environ.get("JUPYTER_PATH", "")) if p)}
     voila = Path(sys.executable).parent / "voila"
     args = [str(voila), str(dest), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
-            "--Voila.port_retries=0", f"--template={TEMPLATE}", "--theme=light"]
+            "--Voila.port_retries=0", f"--template={TEMPLATE}", "--theme=light",
+            # Unix sockets, not TCP ports, between Voila and its kernels: a port picked and
+            # released before the kernel binds it can be taken by a kernel started beside it.
+            "--KernelManager.transport=ipc"]
     os.execve(str(voila), args, env)

@@ -16,8 +16,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from traitlets.config import Config
+
 from grader.notebooks import ROOT, chapters
 
+# Kernels talk over Unix sockets: TCP ports are picked, released, then bound by the kernel, and
+# two kernels started at once by different processes can pick the same one and stall a client.
+KERNEL_CONFIG = Config({"KernelManager": {"transport": "ipc"}})
 HIDDEN = re.compile(r"^### BEGIN HIDDEN TESTS$.*?^### END HIDDEN TESTS$\n?", re.M | re.S)
 
 
@@ -55,7 +60,7 @@ def time_chapter(chapter: str, fast: bool = False, timeout: float = 300, save: P
     else:
         os.environ.pop("COURSE_FAST", None)
     client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=True,
-                                     resources={"metadata": {"path": str(ROOT)}})
+                                     resources={"metadata": {"path": str(ROOT)}}, config=KERNEL_CONFIG)
     error = ""
     start = time.perf_counter()
     try:

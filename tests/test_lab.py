@@ -3,6 +3,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -23,7 +24,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     port, token = _free_port(), "course-test-token"
-    env = {**os.environ, "JUPYTER_TOKEN": token, "JUPYTER_RUNTIME_DIR": str(tmp_path_factory.mktemp("rt"))}
+    env = {**os.environ, "JUPYTER_TOKEN": token, "JUPYTER_RUNTIME_DIR": tempfile.mkdtemp(prefix="rt-")}
     log = (tmp_path_factory.mktemp("lab") / "lab.log").open("w+")
     proc = subprocess.Popen(["make", "--no-print-directory", "lab", f"PORT={port}"], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

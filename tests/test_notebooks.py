@@ -8,6 +8,7 @@ import pytest
 
 from conftest import ROOT
 from grader.notebooks import chapters
+from grader.timing import KERNEL_CONFIG
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +18,7 @@ def test_solution_notebook_executes(chapter, tmp_path):
     nb = jupytext.read(ROOT / "solutions" / f"{chapter}.py")
     env_fast = os.environ.get("COURSE_FAST")
     assert env_fast == "1", "tests execute notebooks in fast mode"
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", config=KERNEL_CONFIG,
                                      resources={"metadata": {"path": str(ROOT)}})
     start = time.perf_counter()
     client.execute()
