@@ -395,7 +395,7 @@ TARGETS = ("qkv", "proj", "fc1", "fc2")
 ALPHA = 8.0
 RANKS = (1, 2, 4, 8, 16)
 BOTTLENECK = 8
-STEPS = fast(200, 20)
+STEPS = fast(150, 20)
 BATCH = 32
 
 
