@@ -35,6 +35,8 @@ import math
 import torch
 from torch import nn
 
+from coursekit.transfer import LeanBatchNorm2d, TransferCNN
+
 # %% [markdown]
 # ## 1. The setting: a new task for a pretrained CNN
 #
@@ -54,8 +56,7 @@ from tqdm.auto import tqdm
 from coursekit import fast, measure
 from coursekit.memory import count_parameters, model_state_bytes
 from coursekit.report import literature_table, paired_bars
-from coursekit.transfer import (FineTuneConfig, LeanBatchNorm2d, LeanConv2d, TransferCNN, digits_tasks, evaluate,
-                                fine_tune, load_pretrained_cnn)
+from coursekit.transfer import FineTuneConfig, LeanConv2d, digits_tasks, evaluate, fine_tune, load_pretrained_cnn
 from coursekit.widgets import slider_plot
 
 KIB = 1024

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from coursekit.transfer import TransferCNN
 from kernels.ch05_tinytl import ReLU1bit, relu_1bit
 
 
@@ -100,7 +101,7 @@ from tqdm.auto import tqdm
 from coursekit import fast, measure, model_state_bytes
 from coursekit.memory import count_parameters
 from coursekit.report import literature_table, paired_bars
-from coursekit.transfer import FineTuneConfig, TransferCNN, digits_tasks, evaluate, fine_tune, load_pretrained_cnn
+from coursekit.transfer import FineTuneConfig, digits_tasks, evaluate, fine_tune, load_pretrained_cnn
 from coursekit.widgets import slider_plot
 
 KIB = 1024

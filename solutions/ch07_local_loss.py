@@ -735,7 +735,7 @@ def bp_schedule(fwd: list, bwd: list, n_batches: int) -> tuple[list[list], list[
     """Start times of end-to-end backprop with one worker per block.
 
     Args:
-        fwd, bwd: K > 0 durations each (ints, floats or ``fractions.Fraction``, all > 0):
+        fwd, bwd: K > 0 durations each (ints, floats or ``Fraction``, all > 0):
             block k's forward and backward time for one batch.
         n_batches: T, a positive int (a bool is refused).
 
@@ -809,7 +809,7 @@ def dgl_schedule(fwd: list, bwd: list, n_batches: int) -> tuple[list[list], list
     """Start times of decoupled greedy learning (local losses) with one worker per block.
 
     Args:
-        fwd, bwd: K > 0 durations each (ints, floats or ``fractions.Fraction``, all > 0):
+        fwd, bwd: K > 0 durations each (ints, floats or ``Fraction``, all > 0):
             block k's forward and local backward (with its head) for one batch.
         n_batches: T, a positive int (a bool is refused).
 

@@ -1,0 +1,129 @@
+"""An exercise is graded in the namespace the release gives it: setup cells, then exercise cells.
+
+The grader runs a chapter's setup cells and its exercise cells, nothing else, so a name that an
+exercise uses or that its text suggests using must come from a setup cell, another exercise
+cell, the exercise cell itself or the builtins. A name imported only in a later, ungraded cell
+works in the student's kernel and fails at grading with a NameError. Two static checks, per
+exercise of every chapter (nothing is executed):
+
+- every free name of the reference exercise cell resolves;
+- every module, class or dotted name the exercise's text puts in backticks (its docstring and
+  comments, and the markdown just above the cell) resolves by its first part, unless
+  ``MENTIONED`` lists it for that exercise with the reason it is named without being offered
+  (a refused library, an attribute path, a symbol of the maths). A listed name that the text
+  no longer holds fails too, so the list cannot grow stale.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import importlib
+import importlib.util
+import re
+
+import pytest
+
+from grader.notebooks import chapters, grade_id, layout, read_source
+
+# (chapter, exercise) -> {name: why it is named without being available}
+MENTIONED: dict[tuple[str, str], dict[str, str]] = {
+    ("ch00_memory", "predict_training_memory"): {
+        "AddmmBackward0": "a grad_fn shown in the text", "ReluBackward0": "a grad_fn shown in the text"},
+    ("ch01_lora", "apply_lora"): {
+        "TinyGPT": "the model the text describes; apply_lora works on any module",
+        "attn": "an attribute path of the model", "mlp": "an attribute path of the model"},
+    ("ch02_checkpointing", "checkpoint"): {"Function": "torch.autograd.Function, named in the prose"},
+    ("ch03_accumulation", "train_accumulated"): {"DataLoader": "an example of an accepted iterable"},
+    ("ch04_partial_training", "pack_bits"): {"kernels": "the course's kernels, refused as answers"},
+    ("ch05_tinytl", "apply_tinytl"): {"coursekit": "where the model's class lives (a type description)"},
+    ("ch06_sparse_backprop", "meprop_linear"): {"coursekit": "the library that measures, named in the prose"},
+    ("ch08_quantization", "nf4_dequantize"): {"kernels": "the course's kernels, refused as answers"},
+    ("ch09_mixed_precision", "GradScaler"): {"NaN": "a floating-point value"},
+    ("ch10_flash_attention", "flash_attention_forward"): {"nn": "torch's attention layers, refused"},
+    ("ch10_flash_attention", "flash_attention_triton"): {"K": "a matrix of the maths", "V": "a matrix of the maths"},
+}
+BUILTINS = set(dir(builtins)) | {"display", "get_ipython"}
+TICKED = re.compile(r"`{1,2}([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?:\([^`]*\))?`{1,2}")
+MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$", re.M)
+
+
+def _parse(source: str) -> ast.Module:
+    lines = ("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+    return ast.parse(MARKERS.sub("", "\n".join(lines)))
+
+
+def _bound(tree: ast.AST) -> set[str]:
+    """Every name a cell binds, at any depth (definitions, imports, targets, parameters)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    module = importlib.import_module(node.module)
+                    names |= set(getattr(module, "__all__", [n for n in dir(module) if not n.startswith("_")]))
+                else:
+                    names.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+    return names
+
+
+def _loaded(tree: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _exercises():
+    for chapter in chapters():
+        nb = read_source(chapter)
+        lay = layout(nb, chapter)
+        provided = set().union(*(_bound(_parse(s)) for s in lay.setup))
+        cells = {grade_id(c): (i, c) for i, c in enumerate(nb.cells) if grade_id(c) in lay.exercises}
+        for exercise in lay.exercises:  # exercise cells run too: their top-level names are provided
+            provided |= {n.name for n in _parse(cells[exercise][1].source).body
+                         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        for exercise in lay.exercises:
+            i, cell = cells[exercise]
+            text = [cell.source]
+            j = i - 1
+            while j >= 0 and nb.cells[j].cell_type == "markdown":
+                text.append(nb.cells[j].source)
+                j -= 1
+            yield pytest.param(chapter, exercise, cell.source, "\n".join(text), provided, id=f"{chapter}-{exercise}")
+
+
+EXERCISES = list(_exercises())
+
+
+@pytest.mark.parametrize("chapter,exercise,source,text,provided", EXERCISES)
+def test_reference_exercise_uses_only_what_grading_provides(chapter, exercise, source, text, provided):
+    tree = _parse(source)
+    missing = _loaded(tree) - _bound(tree) - BUILTINS - provided
+    assert not missing, (f"{chapter}: the reference {exercise} uses {sorted(missing)}, which no setup cell, "
+                         f"exercise cell or builtin provides: it would fail at grading with a NameError")
+
+
+@pytest.mark.parametrize("chapter,exercise,source,text,provided", EXERCISES)
+def test_names_the_exercise_text_suggests_are_provided(chapter, exercise, source, text, provided):
+    bound_here = _bound(_parse(source))
+    named = {m.split(".")[0] for m in TICKED.findall(text)
+             if "." in m or m[:1].isupper() or _is_module(m)}
+    unresolved = named - bound_here - BUILTINS - provided
+    allowed = MENTIONED.get((chapter, exercise), {})
+    offered = sorted(unresolved - allowed.keys())
+    assert not offered, (f"{chapter}: the text of {exercise} names {offered}, which grading does not provide: "
+                         f"import it in a setup cell, or list it in MENTIONED with why it is named")
+    stale = sorted(set(allowed) - named)
+    assert not stale, f"{chapter}: MENTIONED lists {stale} for {exercise}, which its text no longer names"
