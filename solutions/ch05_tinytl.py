@@ -239,8 +239,9 @@ class LiteResidual(nn.Module):
             or groups below 1 or not dividing both channel counts.
     """
 
-    ### BEGIN SOLUTION
-    def __init__(self, in_channels, out_channels, stride=1, downsample=2, groups=2, kernel_size=5):
+    def __init__(self, in_channels: int, out_channels: int, stride: int = 1, downsample: int = 2,
+                 groups: int = 2, kernel_size: int = 5):
+        ### BEGIN SOLUTION
         super().__init__()
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels), ("stride", stride),
                             ("downsample", downsample), ("kernel_size", kernel_size), ("groups", groups)):
@@ -257,15 +258,18 @@ class LiteResidual(nn.Module):
         self.pointwise = nn.Conv2d(out_channels, out_channels, 1, bias=False)
         self.final_norm = nn.BatchNorm2d(out_channels)
         nn.init.zeros_(self.final_norm.weight)  # γ = 0: the branch starts as an exact no-op
+        ### END SOLUTION
 
-    def forward(self, x):  # (B, C_in, H, W) -> (B, C_out, ceil(H / stride), ceil(W / stride))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, in_channels, H, W) -> (B, out_channels, ceil(H / stride), ceil(W / stride))."""
+        ### BEGIN SOLUTION
         H, W = x.shape[-2:]
         r = avg_pool_lean(x, self.downsample)
         r = F.relu(self.norm(self.conv(r)))
         r = self.final_norm(self.pointwise(r))
         return F.interpolate(r, size=(-(-H // self.stride), -(-W // self.stride)), mode="bilinear",
                              align_corners=False)
-    ### END SOLUTION
+        ### END SOLUTION
 
 
 # %% test="test_LiteResidual" points=3

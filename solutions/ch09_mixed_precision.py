@@ -248,8 +248,11 @@ class GradScaler:
     is refused by the grader.
     """
 
-    ### BEGIN SOLUTION
-    def __init__(self, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+    def __init__(self, init_scale: float = 65536.0, growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        """The defaults are ``torch.amp.GradScaler``'s. Raises ValueError for an argument out of the
+        ranges above (growth_interval must be an int)."""
+        ### BEGIN SOLUTION
         if not init_scale > 0:
             raise ValueError(f"init_scale must be positive, got {init_scale}")
         if not growth_factor > 1.0:
@@ -263,11 +266,19 @@ class GradScaler:
         self._growth_tracker = 0  # consecutive clean steps since the last growth or overflow
         self._stage = {}  # id(optimizer) -> "unscaled" | "stepped" during this iteration
         self._found_inf = {}  # id(optimizer) -> True if one of its gradients was inf/NaN
+        ### END SOLUTION
 
-    def scale(self, loss):
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss * S``, with loss's dtype and device."""
+        ### BEGIN SOLUTION
         return loss * self._scale.to(loss.device)  # a 0-dim float32 tensor keeps loss's dtype
+        ### END SOLUTION
 
-    def unscale_(self, optimizer):
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide every gradient of ``optimizer``'s parameters by S in place and note whether one held
+        an inf or NaN. RuntimeError if called twice for this optimizer before ``update()``, or after
+        its ``step()``."""
+        ### BEGIN SOLUTION
         stage = self._stage.get(id(optimizer))
         if stage == "unscaled":
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update()")
@@ -284,8 +295,13 @@ class GradScaler:
                     p.grad.mul_(inv_scale.to(p.grad.device))
         self._found_inf[id(optimizer)] = found_inf
         self._stage[id(optimizer)] = "unscaled"
+        ### END SOLUTION
 
-    def step(self, optimizer, *args, **kwargs):
+    def step(self, optimizer: torch.optim.Optimizer, *args, **kwargs):
+        """Unscale first if ``unscale_`` was not called; then ``optimizer.step(*args, **kwargs)`` (its
+        return value) unless a gradient held an inf or NaN (then None, and the step is skipped).
+        RuntimeError if called twice for this optimizer before ``update()``."""
+        ### BEGIN SOLUTION
         if self._stage.get(id(optimizer)) == "stepped":
             raise RuntimeError("step() has already been called since the last update()")
         if self._stage.get(id(optimizer)) is None:
@@ -295,8 +311,13 @@ class GradScaler:
             retval = optimizer.step(*args, **kwargs)
         self._stage[id(optimizer)] = "stepped"
         return retval
+        ### END SOLUTION
 
-    def update(self):
+    def update(self) -> None:
+        """End the iteration: S times backoff_factor if any gradient held an inf or NaN, S times
+        growth_factor after growth_interval clean steps in a row (never to inf). RuntimeError if no
+        ``step()`` or ``unscale_()`` came since the last update."""
+        ### BEGIN SOLUTION
         if not self._found_inf:
             raise RuntimeError("update() needs a step() (or unscale_()) on at least one optimizer first")
         if any(self._found_inf.values()):
@@ -310,10 +331,13 @@ class GradScaler:
                     self._scale = grown
                 self._growth_tracker = 0
         self._stage, self._found_inf = {}, {}
+        ### END SOLUTION
 
-    def get_scale(self):
+    def get_scale(self) -> float:
+        """The current scale S, as a Python float."""
+        ### BEGIN SOLUTION
         return float(self._scale)
-    ### END SOLUTION
+        ### END SOLUTION
 
 
 # %% test="test_GradScaler" points=6
