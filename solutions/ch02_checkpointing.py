@@ -574,14 +574,19 @@ def plan_checkpoints(act_bytes, fwd_flops, budget_bytes):
         budget_bytes: the memory budget.
 
     Returns:
-        A sorted list of distinct layer indices starting with 0 (the stored layer inputs), with
-        ``plan_memory(plan, act_bytes) <= budget_bytes`` and the smallest possible
+        A sorted list of distinct layer indices (Python ints) starting with 0 (the stored layer
+        inputs), with ``plan_memory(plan, act_bytes) <= budget_bytes`` and the smallest possible
         ``plan_recompute(plan, fwd_flops)`` (any of several optimal plans will do). As with
         ``checkpoint``, a segment of two or more layers is recomputed whole, its last layer
         included; a one-layer segment is not recomputed.
 
     Raises:
         ValueError: if no plan fits in the budget (or the two lists differ in length).
+
+    Graded on: hand-made and random chains of 1 to 10 layers (budgets from too small to roomy),
+    and a 40-layer chain, which has 2^39 plans: enumerating them does not finish within a graded
+    cell's 60 s, a dynamic program over segments takes well under a second. Each graded cell may
+    use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     n = len(act_bytes)
