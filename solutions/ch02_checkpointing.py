@@ -585,8 +585,8 @@ def plan_checkpoints(act_bytes, fwd_flops, budget_bytes):
 
     Graded on: hand-made and random chains of 1 to 10 layers (budgets from too small to roomy),
     and a 40-layer chain, which has 2^39 plans: enumerating them does not finish within a graded
-    cell's 60 s, a dynamic program over segments takes well under a second. Each graded cell may
-    use 60 s and 4 GiB.
+    cell's time limit, a dynamic program over segments takes well under a second. Each graded
+    cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     n = len(act_bytes)

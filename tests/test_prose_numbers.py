@@ -67,6 +67,7 @@ LITERAL: dict[str, list[str]] = {
         "a 1,000-layer ResNet drops from 48 GB to 7 GB of feature-map memory for about 30% more",
         '"48 GB / 7 GB = 6.9× (1,000 layers)"', '"1000 / 63 = 15.8×"', '"≈ 30% time"',
         "no plan fits in 18 bytes here",  # the visible test's own data
+        "cell may use 60 s and 4 GiB",  # the grader's limits per graded cell
     ],
     "ch03_accumulation": [  # 1/B and 1/√B for 32 against 256
         "$256/32 = 8$ times the variance, so $\\sqrt 8 \\approx 2.8$ times the noise in standard deviation, not 8 times",
