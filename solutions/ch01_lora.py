@@ -104,6 +104,18 @@ class LoRALinear(nn.Module):
     forward(x): x of shape (..., in_features) -> (..., out_features).
     merge(): a new ``nn.Linear`` with weight ``W0 + scaling * lora_B @ lora_A`` and the base bias;
         ``self.base`` is left unchanged.
+
+    Graded on: a float32 ``nn.Linear(37, 53)`` with rank 4, alpha 8 on x of shape (2, 3, 37) and
+    rank 3, alpha 1.5 on x of shape (5, 37): the parameter names and shapes, and that exactly
+    ``lora_A`` and ``lora_B`` require grad; ``lora_B`` zero and ``lora_A`` not constant at
+    initialisation; ``scaling``; the output and the gradients of x, ``lora_A`` and ``lora_B``
+    against a float64 reference (within float32 round-off), at initialisation and after a non-zero
+    ``lora_B`` is loaded with ``load_state_dict(..., strict=False)``; ``merge()`` (an ``nn.Linear``,
+    its weight, bias and output, the base layer bit for bit unchanged); three SGD steps with weight
+    decay, driven by the grader on every tensor of the output's graph that requires grad, and on the
+    base weight and bias, ``lora_A`` and ``lora_B`` whenever they require grad or get a gradient: each
+    step's output must match a frozen-base reference and only ``lora_A`` and ``lora_B`` may move; ranks
+    0, -2 and 2.5 raising ValueError. Each graded cell may use 60 s and 4 GiB.
     """
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float):
@@ -235,6 +247,15 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets) -> nn.Module:
 
     Replace a layer with ``model.set_submodule(name, new)``: the grader refuses ``setattr`` and
     ``getattr`` with a computed attribute name.
+
+    Graded on: a transformer-like tree of standard modules (``nn.ModuleDict``/``nn.ModuleList`` of an
+    Embedding, two blocks of LayerNorm, Linears and GELU, a head) with rank 3, alpha 6 and targets
+    ``("qkv", "fc1")``, including a top-level Linear named exactly ``"fc1"`` and an ``nn.Conv1d``
+    named ``"conv.qkv"`` that must stay as it is: which layers are replaced (each keeping the
+    original as ``.base``), the names, shapes and count of the trainable parameters, the scaling,
+    every pretrained value unchanged; then one SGD step with weight decay, driven by the grader, on
+    each original layer reached by its path in the returned model: only the new ``lora_A`` and
+    ``lora_B`` may move and every output stays as before. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     targets = tuple(targets)
@@ -292,6 +313,13 @@ class Adapter(nn.Module):
             adapter is exactly the identity and leaves the pretrained model unchanged.
 
     forward(x): x of shape (..., dim) -> (..., dim).
+
+    Graded on: ``Adapter(37, 5)`` on float32 x of shape (2, 3, 37): the parameter names and shapes,
+    all four trainable; ``up`` all zero and the weight of ``down`` not constant at initialisation;
+    at initialisation the output (x itself) and the gradients of x, of ``up`` and of the weight of
+    ``down``; then, after a non-zero weight and bias of ``up`` are loaded with
+    ``load_state_dict(..., strict=False)``, the output and every gradient against a float64
+    reference with the exact GELU (within float32 round-off). Each graded cell may use 60 s and 4 GiB.
     """
 
     def __init__(self, dim: int, bottleneck: int):

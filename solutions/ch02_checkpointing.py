@@ -168,6 +168,18 @@ def checkpoint(function, *args):
         backward. During backward ``function`` runs once more, with gradients enabled and the
         random state it saw the first time (same dropout masks); the gradients of the inputs and of
         the parameters are exactly those of plain ``function(*args)``.
+
+    Graded on: float32 modules: an MLP 37 → 53 → 29 → 11 (Linear, ReLU, Linear, Tanh, Linear) on inputs
+    (7, 37) and (2, 5, 37), with dropout (p = 0.5, training mode), with an input that needs no gradient
+    (it gets none, the parameters still get theirs), and ``nn.Bilinear(13, 17, 5)`` called with two inputs
+    of which only the second requires grad. The output and every gradient are compared with plain
+    autograd. The forward call runs ``function`` exactly once (its FLOPs are those of plain
+    ``function(*args)``) and backward runs it once more, whole; the tensors saved during the forward call
+    may total no more than the bytes of the tensor arguments. Memory is also read from outside your
+    process, for six ``nn.Linear(768, 768)`` + ReLU layers on a (512, 768) input: between forward and
+    backward, with the input and the output released, the process may hold at most twice the input's bytes
+    more than before, and nothing may be kept from one call to the next. Code that names
+    ``torch.utils.checkpoint`` is refused before it runs. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     params = tuple(p for p in function.parameters() if p.requires_grad) if isinstance(function, nn.Module) else ()
@@ -307,6 +319,15 @@ def checkpoint_uniform(layers, x, segments):
     Returns:
         The output of the last layer. Each chunk runs as one ``checkpoint(...)`` call, so only
         the k chunk inputs are kept for backward.
+
+    Graded on: an ``nn.Sequential`` of 10 layers (Linears of distinct widths, a ReLU and a Tanh among
+    them, so some chunks have no parameters) on a float32 (6, 5) input, k = 1, 3, 4, 6 and 10, and k = 3
+    with an input that needs no gradient. The output and the gradients of the input and the parameters
+    must match plain autograd; the forward pass calls each layer once, in order; the chunks are read from
+    the layers that run again during backward (each chunk as one run of consecutive layers, the last
+    chunk first); the tensors saved during the forward pass may total no more than the bytes of the k
+    chunk inputs. k = 0 and k = 11 must raise ``ValueError``. Code that names ``torch.utils.checkpoint``
+    is refused before it runs. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     layers = list(layers)
@@ -360,6 +381,12 @@ def checkpoint_blocks(layers, x, block_size):
 
     Returns:
         The output of the last layer; each chunk runs as one ``checkpoint(...)`` call.
+
+    Graded on: the 10-layer chain and the checks of ``checkpoint_uniform`` (output and gradients against
+    plain autograd, each layer called once in the forward pass, the chunks read from what runs again
+    during backward, saved bytes at most those of the chunk inputs) with b = 1, 3, 4, 6, 10 and 15, and
+    b = 4 with an input that needs no gradient; b = 0 must raise ``ValueError``. Code that names
+    ``torch.utils.checkpoint`` is refused before it runs. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     layers = list(layers)

@@ -188,6 +188,15 @@ def accumulate_gradients(model: nn.Module, loss_fn: nn.Module, inputs: torch.Ten
 
     Returns:
         The full-batch mean loss, a detached 0-dim tensor.
+
+    Graded on: B = 37 float32 inputs (37, 13); a Linear-Tanh-Linear MLP and a model whose first Linear
+    is frozen (then ReLU, LayerNorm, Linear), 7 outputs; ``nn.MSELoss()`` and ``nn.CrossEntropyLoss()``;
+    micro_batch_size 5, 8, 36, 37 and 64, so the last micro-batch is smaller or m >= B. The model given
+    raises if called on more samples than micro_batch_size, and its output for a sample depends on the
+    sample's place in the call, so the micro-batches must be exactly the slices above. Gradients and the
+    returned loss are compared with a float64 reference to float32 rounding; parameters must stay exactly
+    as they were, frozen ones still frozen and without ``.grad``. micro_batch_size 0 and -3 must raise
+    ``ValueError``. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
@@ -280,6 +289,14 @@ def train_accumulated(model: nn.Module, optimizer: torch.optim.Optimizer, loss_f
     Returns:
         The list of the ``steps`` full-batch mean losses, as Python floats (each computed before
         its step).
+
+    Graded on: the models, losses and float32 data of ``accumulate_gradients`` (the model again refuses
+    calls on more than micro_batch_size samples); loaders that are lists of batches of unequal sizes (37,
+    37, 23 with micro-batches of 8 for 5 steps; 37, 29 with micro-batches of 10 for 4 steps, so the loader
+    starts again); ``torch.optim.SGD`` without momentum and with momentum 0.9, over the trainable
+    parameters only. Every step's loss and the final parameters are compared, to float32 rounding, with
+    the same number of full-batch SGD steps computed in float64; frozen parameters must not change. Each
+    graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     losses = []

@@ -132,6 +132,14 @@ def set_trainable(model, mode):
 
     Raises:
         ValueError: for any other mode; the message lists the four valid modes.
+
+    Graded on: four models (the default ``TransferCNN``, two others of 3 and 5 blocks with other widths,
+    strides and class counts, and one whose blocks are anonymous ``nn.Sequential(nn.Conv2d, nn.BatchNorm2d,
+    nn.ReLU)``, one convolution without bias), each through seven calls in a row that cycle through the
+    modes. What trains is read off the model's own parameter tensors and confirmed by one backward pass the
+    grader drives: change only ``requires_grad`` (adding, replacing or removing a parameter fails). Also the
+    returned ``int``, and the ValueError and its message for unknown modes, near misses such as ``"bias"``
+    included. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     modes = ("full", "last", "bn+last", "bias+last")
@@ -312,6 +320,11 @@ def pack_bits(mask):
 
     Raises:
         ValueError: if ``mask`` is not a bool tensor.
+
+    Graded on: the exact bytes for random masks of 1, 7, 8, 9, 61 and 1000 elements and of shapes (3, 5, 7),
+    (2, 1, 4, 4) and (37, 53), for 61 True values and for 9 elements with a single True (element 0, 7 or 8);
+    the dtype and the flat shape; the ValueError for float, uint8 and int64 tensors.
+    Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
@@ -357,6 +370,10 @@ def unpack_bits(packed, numel):
 
     Raises:
         ValueError: if ``packed`` is not uint8 or holds fewer than ``numel`` bits.
+
+    Graded on: the masks ``pack_bits`` is graded on (1 to 37 × 53 elements) and 61 False values, packed with
+    every unused bit of the last byte set to 1; the dtype, the shape ``(numel,)`` and every element.
+    Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if packed.dtype != torch.uint8:
@@ -406,6 +423,15 @@ def relu_1bit(x):
         ``torch.relu(x)`` (same shape and dtype). For backward, exactly one tensor is saved with
         ``ctx.save_for_backward``: ``pack_bits(x > 0)``, ``ceil(n / 8)`` bytes; the gradient is
         that of ``torch.relu`` (``grad * (x > 0)``, so 0 where ``x == 0``).
+
+    Graded on: float32 and float64 inputs of shapes (1,), (7,), (61,), (1000,), (37, 53), (2, 3, 5, 7) and
+    (4, 16, 8, 8) holding exact zeros of both signs: the output (dtype included) and the gradient must equal
+    ``torch.relu``'s exactly, the output must be attached to the graph, nothing in floating point may be
+    saved, and the gradient must stay right when x and the output are overwritten in place between forward
+    and backward (backward may use only the saved mask). On 2^24 float32 elements, what your process holds
+    between forward and backward, with input and output released, is read from outside it: at most the packed
+    mask, with 1 MiB of slack; hold nothing once the cell has run or between calls. As in section 4, the
+    course's kernels.ch05_tinytl is refused. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     class ReLU1bitFunction(torch.autograd.Function):

@@ -237,6 +237,19 @@ class LiteResidual(nn.Module):
     Raises:
         ValueError: a channel count, stride, downsample or kernel_size below 1, an even kernel_size,
             or groups below 1 or not dividing both channel counts.
+
+    Graded on (arguments passed by position, in the signature's order): the ValueError for groups not
+    dividing a channel count, downsample 0, stride 0 and an even kernel_size; batches of 3 and 4 with 1 to
+    10 channels, maps of 5 × 6 to 9 × 7 (odd and even sides), strides 1 and 2, downsample 1, 2, 4 and 8 (a
+    window wider than a side of the map), groups 1 to 4, kernel sizes 3 and 5: the output shape, exact zeros
+    at init in train and eval mode, a nonzero gradient of the final γ at init, the parameter shapes and
+    order; then, with random values in both norms' γ and β, the train-mode output and the gradients of the
+    input and of every parameter against a float64 reference that the grader builds from your parameters by
+    the steps above. Memory: on a (4, 16, 16, 16) input the bytes saved for backward may be at most those of
+    four tensors of the pooled size, with 8 KiB of slack; on a (256, 32, 32, 32) input with downsample 4,
+    what your process holds between forward and backward (read from outside it) may be at most six such
+    tensors, with 1 MiB of slack: no tensor at the input's full resolution may be kept. Hold nothing once the
+    cell has run or between calls. Each graded cell may use 60 s and 4 GiB.
     """
 
     def __init__(self, in_channels: int, out_channels: int, stride: int = 1, downsample: int = 2,
@@ -331,6 +344,17 @@ def apply_tinytl(model):
         ``relu_1bit``, and exactly these parameters require grad: the original biases, all
         lite-residual parameters, the classifier's weight and bias. Its outputs at init equal those of
         the model passed in (eval mode), in eval and in train mode.
+
+    Graded on: the pretrained ``TransferCNN`` of this chapter (8 × 8 digits), with batches of 24 and 48
+    images: the same model returned; the outputs at init in eval and train mode; the trainable set, every
+    new parameter inside a ``LiteResidual``; exactly one ``LiteResidual`` call per block in a forward, on the
+    block's input. Memory: outside the lite residuals a training step may save only the 1-bit ReLU masks
+    and the classifier's fp32 input, with 8 KiB of slack; on 1024 images, what your process holds between
+    forward and backward (read from outside it), less what ``LiteResidual`` modules built as above hold
+    alone on the same block inputs, may again be only the masks and that input, with 2 MiB of slack; hold
+    nothing once the cell has run or between calls. Six Adam steps (learning rate 1e-2) on one batch must
+    lower the loss by more than 0.05 and change every trainable parameter.
+    Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     for name, p in model.named_parameters():

@@ -129,6 +129,12 @@ def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
         that round up to infinity) and for ±inf; a NaN stays a NaN. Work on ``x.view(torch.int32)``
         (no conversion to bfloat16 anywhere: the grader refuses the bfloat16 dtype and autocast in
         every exercise cell of this chapter).
+
+    Graded on: 1-D and 2-D tensors (up to 211 × 97) built from raw bit patterns: random patterns (any sign,
+    exponent and mantissa, NaNs and infinities included), exact ties with both parities of the last kept bit,
+    values just below and above a tie, subnormals of both signs, ±0, the largest finite values (some round to
+    ±inf), ±inf, and NaNs whose payload lies in the dropped low bits. Besides the source check, a call in
+    which any torch operation produces a bfloat16 tensor fails. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     bits = x.view(torch.int32)
@@ -265,6 +271,12 @@ def absmax_quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.
 
     Raises:
         ValueError: if ``bits`` is not an int in 2..8 or ``block_size`` is not an int >= 1.
+
+    Graded on: float32 tensors of 1 to 3 dimensions, from a single value to 37 × 53, with every width from 2
+    to 8 and block sizes 1, 7, 10, 16, 64 and 1000 (one block for the whole tensor): partial last blocks, an
+    all-zero block, one outlier among small values, values in the thousands; codes against round(x / scale)
+    computed in float64, scales to float32 rounding; bits 0, 1, 9 and block sizes 0, -3 for the ValueError. No
+    bfloat16 or autocast, as in every exercise cell of this chapter. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
@@ -319,6 +331,11 @@ def absmax_dequantize(codes: torch.Tensor, scales: torch.Tensor, block_size: int
 
     Returns:
         float32 tensor of shape ``shape``.
+
+    Graded on: random int8 codes in [-q_max, q_max] and float32 scales (one of them 0) for shapes (5,),
+    (2, 3), (97,), (3, 5, 7) and (37, 53) with block sizes 1, 8, 10, 16 and 64 (a tensor smaller than one
+    block included), each shape passed both as a tuple and as a ``torch.Size``. No bfloat16 or autocast, as in
+    every exercise cell of this chapter. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     values = codes.reshape(-1, block_size).float() * scales.float()[:, None]  # (n_blocks, block_size)
@@ -397,6 +414,10 @@ def nf4_codebook() -> torch.Tensor:
     Returns:
         float32 tensor of shape (16,), ascending: 7 negative values, 0.0, 8 positive values; the
         first is exactly -1.0 and the last exactly 1.0. Compute them (do not type them in).
+
+    Graded on: strictly ascending values with the exact -1.0, 0.0 and 1.0, and each level against the
+    reference NF4 levels to within 1e-6. No bfloat16 or autocast, as in every exercise cell of this chapter.
+    Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     delta = 1 - 0.5 * (1 / 32 + 1 / 30)  # 0.9677083: the largest quantile used on each side
@@ -441,6 +462,12 @@ def nf4_quantize(x: torch.Tensor, block_size: int = 64) -> tuple[torch.Tensor, t
             (0..15) of the ``nf4_codebook()`` level nearest to value / absmax of its block; all-zero
             blocks get code 7 (the level 0.0).
         absmax: ``torch.float32`` tensor of shape (ceil(n / block_size),): max |x| of each block.
+
+    Graded on: float32 tensors of 1 to 3 dimensions (a single value, 37 × 53 weight-like values, heavy-tailed
+    values, a tensor with an all-zero block) with block sizes 7, 16, 32 and 64, odd and even counts, partial
+    last blocks; absmax must equal max |x| exactly, and each code is compared with the nearest level found by
+    brute force in float64. No bfloat16 or autocast, as in every exercise cell of this chapter. Each graded
+    cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     flat = x.detach().float().flatten()
@@ -490,6 +517,11 @@ def nf4_dequantize(packed: torch.Tensor, absmax: torch.Tensor, shape, block_size
 
     Returns:
         float32 tensor of shape ``shape``.
+
+    Graded on: random packed bytes (so every code occurs, and after an odd count the unused low nibble may
+    hold anything) with positive absmax values and a 0 for the first block, for shapes (1,), (7,), (11, 13),
+    (3, 5, 7) and (37, 53), given as tuples, and block sizes 4, 10, 16 and 64. bfloat16 and autocast are
+    refused too, as in every exercise cell of this chapter. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     n = math.prod(shape)
@@ -889,6 +921,20 @@ class QLoRALinear(nn.Module):
         Only lora_A and lora_B require gradients.
 
     forward(x): x of shape (..., in_features) -> (..., out_features).
+
+    Graded on: Linear(37, 53) with and without bias (rank 4 and 3, alpha 8.0 and 1.5, block_size 64 and 32),
+    inputs of shape (2, 3, 37) and (5, 37) and a nonzero lora_B loaded with ``load_state_dict``: the output,
+    the input gradient and the gradients of lora_A and lora_B against a float64 reference built on the NF4
+    weight, no gradient for anything else; rank 0, -1 and 2.5 for the ValueError. After construction and after
+    a forward and backward pass the module may hold no floating tensor with as many values as the weight
+    (parameters, buffers and plain attributes of every submodule, inside lists, tuples and dicts too), and all
+    it holds besides lora_A, lora_B and the bias must fit in what ``nf4_quantize`` returns plus a little
+    slack. On Linear(2048, 2048, bias=False) (rank 4, blocks of 64), with the base layer released, the memory
+    your process holds (read from outside it) may grow by no more than the packed codes and absmax plus a
+    sixteenth of the float weight's size, after construction and still after a forward and backward pass on a
+    (3, 2048) input (memory kept by earlier calls counts against it); your exercise cells, once run, must hold
+    next to nothing. bfloat16, autocast and the course's kernels.ch08_quantization are refused, as in every
+    exercise cell of this chapter. Each graded cell may use 60 s and 4 GiB.
     """
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, block_size: int = 64):

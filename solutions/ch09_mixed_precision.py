@@ -246,6 +246,18 @@ class GradScaler:
     ``step(optimizer)`` and ``update()``. Keep the state yourself: ``torch.amp.GradScaler`` is the
     reference you are compared with, and wrapping or calling it (or ``torch.cuda.amp.GradScaler``)
     is refused by the grader.
+
+    Graded on: step by step against ``torch.amp.GradScaler("cpu")`` with the same arguments, over a
+    hand-written sequence and other sequences of up to 30 steps (SGD with momentum and Adam; growth_interval 2
+    and 3, growth_factor 2 and 4, backoff_factor 0.5 and 0.25, init_scale from 512 to 2^127, where the scaled
+    loss itself overflows), with inf, -inf or NaN written into one gradient after the backward, ``unscale_``
+    called before ``step`` at random, a parameter whose .grad stays None and a frozen one in the optimizer:
+    the scale before ``step``, between ``step`` and ``update`` and after ``update``; the gradients after the
+    backward, after ``unscale_`` and after ``step``; the parameters and the optimizer state after each step;
+    the gradients of one more ``scale(loss).backward()`` after the last ``update``. ``scale`` is also given
+    float32, float16 and bfloat16 tensors of shape (2, 3) that require grad; backward through the result must
+    give them S. The ``grad_scaler`` modules and ``torch.cpu.amp.GradScaler`` are refused too. Each graded
+    cell may use 60 s and 4 GiB.
     """
 
     def __init__(self, init_scale: float = 65536.0, growth_factor: float = 2.0, backoff_factor: float = 0.5,
@@ -416,6 +428,15 @@ def mixed_precision_step(model, optimizer, scaler, inputs, targets, loss_fn, dty
 
     Returns:
         The loss of this batch (before scaling) as a Python float.
+
+    Graded on: a float32 Linear-GELU-LayerNorm-Linear model (a batch of 37, 13 features in, 7 out) with
+    cross-entropy and MSE losses, SGD with momentum and Adam already holding state and stale gradients;
+    float16 with a ``torch.amp.GradScaler``, bfloat16 with one and without, and a float16 step whose loss is
+    inf (the scaler skips the step; return inf): the returned loss, the update of every parameter, the
+    optimizer state and the scale after the step, against a reference step. The model and ``loss_fn`` must be
+    called once each, under autocast for the inputs' device with ``dtype`` and float32 parameters, and the
+    scaler gets ``scale``, ``step`` and ``update`` once each, in that order. ``torch.amp.GradScaler`` is
+    refused in this cell too (use the scaler you are given). Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     optimizer.zero_grad(set_to_none=True)

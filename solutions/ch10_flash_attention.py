@@ -241,6 +241,16 @@ def flash_attention_forward(q, k, v, causal=False, block_q=32, block_k=32):
         lse: (B, H, N), float32 (float64 for float64 inputs): log sum_j exp(q_i·k_j / sqrt(d)) over
             the keys row i attends to.
         No tensor of N × N elements is ever created.
+
+    Graded on: float32 inputs with d = 16 and N = 37, 70 or 100 (ragged last blocks), blocks of 8 to 64 (one
+    larger than N; block_q above, equal to and below block_k), causal and not, and inputs whose row maxima
+    rise from key block to key block, so that a missing rescale shows; o and lse are compared with float64
+    attention and must be finite. No torch operator may create a tensor of N² elements or more, whatever its
+    shape (a view counts as the whole storage it views), checked at N = 100 and at (B, H, N, d) =
+    (1, 1, 4096, 64), non-causal with blocks of 64, where the process's memory may also rise by less than a
+    quarter of one N × N float32 tensor while the call runs. Defining the function allocates nothing, and a
+    call keeps nothing for later calls (no caches). Fused attention, torch's attention layers, NumPy and the
+    course's kernels are refused. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
@@ -387,6 +397,13 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, block_q=32, bloc
     Returns:
         (dq, dk, dv), each (B, H, N, d) in the dtype of its input. No tensor of N × N elements is
         ever created.
+
+    Graded on: float32 inputs with d = 16 and N = 37, 70, 77 or 100, blocks of 16 to 64 (one tile covering
+    everything; block_q above, equal to and below block_k), causal and not, with o and lse those of exact
+    attention and a random do; dq, dk and dv are compared with float64 autograd and must be finite. At
+    N = 100, causal and not, no torch operator may create a tensor of N² elements or more, whatever its shape
+    (a view counts as the whole storage it views). Fused attention, torch's attention layers, NumPy and the
+    course's kernels are refused. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     B, H, N, d = q.shape
@@ -468,6 +485,13 @@ class FlashAttention(torch.autograd.Function):
 
     q, k, v are (B, H, N, d); returns o (B, H, N, d). Saves for backward only q, k, v, o and the
     log-sum-exp (B, H, N): Θ(N d) memory per head instead of the Θ(N²) of standard attention.
+
+    Graded on: float32 inputs with N = 45, 70 or 77 and d = 16 or 32, through apply with causal and both
+    block sizes given, with causal alone and with neither (the defaults); the output must be attached to the
+    autograd graph, and it and the gradients reaching q, k and v are compared with float64 attention and
+    autograd. What forward saves is counted by storage: four (B, H, N, d) tensors and one (B, H, N), all
+    float32, and nothing else. Fused attention, torch's attention layers, NumPy and the course's kernels are
+    refused. Each graded cell may use 60 s and 4 GiB.
     """
 
     ### BEGIN SOLUTION
@@ -567,6 +591,15 @@ def flash_attention_triton(q, k, v, causal=False):
 
     Returns o (B, H, N, d) = softmax(q kᵀ / sqrt(d)) v, causal if asked. Runs compiled on a GPU and
     in Triton's interpreter on a CPU (blocks of 32 × 32).
+
+    Graded on, in the interpreter: float32 inputs with N = 70 or 100 (a ragged last key block) and d = 16 or
+    32, causal and not, including inputs whose row maxima rise from key block to key block; o is compared
+    with float64 attention and must be finite. The kernel computes the attention: no PyTorch matrix product,
+    einsum, exp, softmax or logsumexp may run during the call. At (B, H, N, d) = (1, 1, 1024, 16), causal,
+    no torch operator may create a tensor of N² elements or more, and the process's memory may rise by less
+    than a quarter of one N × N float32 tensor while the call runs. Defining the function allocates nothing,
+    and a call keeps nothing for later calls (no caches). Fused attention, torch's attention layers, NumPy
+    and the course's kernels are refused. Each graded cell may use 60 s and 4 GiB.
     """
 
     @triton.jit

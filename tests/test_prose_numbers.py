@@ -43,6 +43,7 @@ MEASURED = re.compile(rf"{_NUMBER}\$?\s?{_UNIT}"  # a number with a unit
 # Per chapter: phrases whose numbers are definitions, arithmetic on definitions or quoted figures.
 LITERAL: dict[str, list[str]] = {
     "ch00_memory": [
+        "Each graded cell may use 60 s and 4 GiB",  # the grader's limits per graded cell
         "values × 4 bytes",  # fp32
         "= 352$ bytes for $B = 4$",  # the sum of the saved widths, derived above the line
         "MobileNetV2-1.4 has 4.3× fewer parameters than ResNet-50, but its training activations are only 1.1× smaller",
@@ -52,6 +53,7 @@ LITERAL: dict[str, list[str]] = {
         "reach 6.9× its parameter bytes, the ResNet-50 ratio",
     ],
     "ch01_lora": [
+        "Each graded cell may use 60 s and 4 GiB",  # the grader's limits per graded cell
         "20% of the tokens are random noise", "(100% is possible)",  # how the task is defined
         "by 10,000× and GPU memory by 3× (training VRAM 1.2 TB → 350 GB;",  # LoRA abstract, §4.2
         "shrinks from 350 GB to 35 MB", "19.8 ms (fine-tuned or LoRA) vs 23.9 ms and 25.8 ms",
@@ -70,10 +72,13 @@ LITERAL: dict[str, list[str]] = {
         "cell may use 60 s and 4 GiB",  # the grader's limits per graded cell
     ],
     "ch03_accumulation": [  # 1/B and 1/√B for 32 against 256
+        "Each graded cell may use 60 s and 4 GiB",  # the grader's limits per graded cell
         "$256/32 = 8$ times the variance, so $\\sqrt 8 \\approx 2.8$ times the noise in standard deviation, not 8 times",
         "8 times the variance is less than 3 times the noise",
     ],
     "ch04_partial_training": [
+        "Each graded cell may use 60 s and 4 GiB",  # the grader's limits per graded cell
+        "with 1 MiB of slack",  # a memory check's allowance (grader/hidden)
         "keeps nothing else (32× smaller)", "32 bits per element", "packed 8 to a byte, 32× smaller",  # fp32 vs 1 bit
         '"15 ones: 8 + 7 bits"', '"9 bits need 2 uint8 bytes, got "',  # the visible test's own data
         "BN + last layer trains about 12× fewer parameters than full fine-tuning but needs only about 1.8× less "
@@ -81,6 +86,8 @@ LITERAL: dict[str, list[str]] = {
         '"≈ 12×"', '"≈ 1.8×"', '"12×"', '"16.3 points"', "the paper's 12×",
     ],
     "ch05_tinytl": [
+        "Each graded cell may use 60 s and 4 GiB",  # the grader's limits per graded cell
+        "with 8 KiB of slack", "with 1 MiB of slack", "with 2 MiB of slack",  # memory checks' allowances
         "a ReLU that keeps 32× less", "output (32 bits)",  # fp32 vs 1 bit
         "up to 6.5× less memory than full fine-tuning at similar accuracy; the lite residuals cost ~3.8% of the "
         "memory; bias+last is ~12× less memory but 16.3% less accurate than full, and the lite residual wins back "
@@ -101,6 +108,7 @@ LITERAL: dict[str, list[str]] = {
         "85.05% vs 85.2–85.6%",  # DGL's released logs, CIFAR-10 3-layer CNN
     ],
     "ch08_quantization": [  # bit widths and their arithmetic
+        "Each graded cell may use 60 s and 4 GiB",  # the grader's limits per graded cell
         "spend their 16 bits", "its memory cost: 4.5 bits per parameter", "integers in 16 bits",
         "keeps the top 16 bits of the 32. Just dropping the low 16 bits",
         "Plant one outlier (50×) in a Gaussian tensor and quantize it to 4 bits", '"4 bits, block "',  # set in code
@@ -119,12 +127,14 @@ LITERAL: dict[str, list[str]] = {
         "at the same 4.5 bits; double quantization brings the cost to ≈ 4.127 bits",
     ],
     "ch09_mixed_precision": [  # 16-bit formats: half of float32's bytes
+        "Each graded cell may use 60 s and 4 GiB",  # the grader's limits per graded cell
         "Training entirely in 16 bits", "runs the rest in 16 bits", "profit from 16 bits",
         "8 bits instead of 11",  # bf16 and fp16 significands
         "Paper: about 5% of the weight gradients", 'memory "nearly 2×" smaller',  # Micikevicius et al.
         '"≈ 5% (speech model)"', '"nearly 2×"', "the paper's 2×", "by less than 2× when",
     ],
     "ch10_flash_attention": [
+        "Each graded cell may use 60 s and 4 GiB",  # the grader's limits per graded cell
         "one layer's $P$ alone is 16 GB in fp32",  # 16K² × 16 heads × 4 bytes
         "(40–80 GB), delivers about 1.5–2 TB/s", "holds only 192 KB, but all of it together delivers about 19 TB/s",
         "computes 312 TFLOP/s in bf16: to keep up, an operation must do about 150 FLOPs",  # FlashAttention §2.1
