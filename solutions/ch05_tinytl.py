@@ -347,8 +347,8 @@ def apply_tinytl(model):
 
     Graded on: the pretrained ``TransferCNN`` of this chapter (8 × 8 digits), with batches of 24 and 48
     images: the same model returned; the outputs at init in eval and train mode; the trainable set, every
-    new parameter inside a ``LiteResidual``; exactly one ``LiteResidual`` call per block in a forward, on the
-    block's input. Memory: outside the lite residuals a training step may save only the 1-bit ReLU masks
+    new parameter inside a ``LiteResidual`` and their number (the groups rule, the default kernel size);
+    exactly one ``LiteResidual`` call per block in a forward, on the block's input. Memory: outside the lite residuals a training step may save only the 1-bit ReLU masks
     and the classifier's fp32 input, with 8 KiB of slack; on 1024 images, what your process holds between
     forward and backward (read from outside it), less what ``LiteResidual`` modules built as above hold
     alone on the same block inputs, may again be only the masks and that input, with 2 MiB of slack; hold

@@ -111,7 +111,7 @@ class LiteResidual(nn.Module):
 
 # --- apply_tinytl ------------------------------------------------------------------------------------
 def make_apply(lite_cls=None, freeze_weights=True, train_bias=True, one_bit=True, on_output=False, blocks=None,
-               detach=False):
+               detach=False, groups=None, kernel_size=5):
     def apply_tinytl(model):
         Lite = lite_cls or make_lite()
         for name, p in model.named_parameters():
@@ -123,13 +123,14 @@ def make_apply(lite_cls=None, freeze_weights=True, train_bias=True, one_bit=True
                 continue
             c = block.conv
             g = 2 if c.in_channels % 2 == 0 and c.out_channels % 2 == 0 else 1
+            g = g if groups is None else groups
             if one_bit:
                 block.act = ReLU1bit()
             if on_output:
                 lite = Lite(c.out_channels, c.out_channels, groups=g if c.out_channels % 2 == 0 else 1)
                 model.blocks[i] = nn.Sequential(block, Beside(nn.Identity(), lite))
             else:
-                lite = Lite(c.in_channels, c.out_channels, stride=c.stride[0], groups=g)
+                lite = Lite(c.in_channels, c.out_channels, stride=c.stride[0], groups=g, kernel_size=kernel_size)
                 if detach:
                     lite.forward = (lambda f: lambda t: f(t).detach())(lite.forward)
                 model.blocks[i] = Beside(block, lite)
@@ -232,6 +233,8 @@ def test_lite_residual_rejects_untrainable_zero():
     (make_apply(on_output=True), "fed with the block's input"),
     (make_apply(blocks={0, 1}), "one per block"),
     (make_apply(detach=True), "never changed"),
+    (make_apply(groups=1), "groups rule"),  # full k×k convolutions where the rule says 2 groups
+    (make_apply(kernel_size=3), "groups rule"),  # not the default kernel
 ])
 def test_apply_tinytl_rejects(wrong, message):
     with pytest.raises(AssertionError, match=message):

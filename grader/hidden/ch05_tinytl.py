@@ -262,6 +262,19 @@ def check_apply_tinytl(nb):
         raise AssertionError(
             f"the LiteResidual modules were called with (input, output) shapes {calls} (batch dimension left out), "
             f"expected one per block, fed with the block's input: {[list(s) for s in BLOCK_SHAPES]}")
+    # The groups rule (2 where 2 divides both channel counts, else 1) and the default 5×5 kernel show in the
+    # number of new parameters: per block, the k×k group conv, the pointwise conv and two norms' γ and β.
+    expected = 0
+    for block in base.blocks:
+        cin, cout = block.conv.in_channels, block.conv.out_channels
+        groups = 2 if cin % 2 == 0 and cout % 2 == 0 else 1
+        expected += cout * (cin // groups) * 25 + cout * cout + 4 * cout
+    added = sum(p["numel"] for p in new)
+    if added != expected:
+        raise AssertionError(
+            f"the lite residuals hold {added:,} parameters in all, expected {expected:,}: one "
+            "LiteResidual(in, out, stride) per block with its default 5×5 kernel and the groups rule (groups=2 when "
+            "2 divides both channel counts, else 1)")
     # Memory: outside the lite residuals, only 1-bit masks and small tensors remain.
     tiny = nb.apply_tinytl(nb.put(load_pretrained_cnn(seed=3)))
     saved = fetch(nb.apply(probes.ch05_saved_split, tiny, x, y))
