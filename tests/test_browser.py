@@ -238,9 +238,9 @@ def _run_all(page, attempts: int = 3) -> None:
     dialogs = []
     for attempt in range(attempts):
         dialogs += _accept_dialogs(page)
-        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
-        try:
+        try:  # a dialog that opens in the meantime blocks the menu: accept it and try again
+            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click(timeout=15_000)
+            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click(timeout=15_000)
             page.wait_for_function(started, timeout=60_000, polling=500)
             break
         except PlaywrightTimeout:

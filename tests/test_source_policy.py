@@ -301,7 +301,8 @@ def test_a_refused_exercise_scores_zero_and_is_not_run(tmp_path, monkeypatch):
 
     monkeypatch.setattr(autograde, "run_checks", fake_run_checks)
     result = autograde.grade_one("s", chapter, path, lay, autograde.Limits())
-    assert not any("torch.utils.checkpoint" in src for src in seen["program"]), "the refused cell ran"
+    # (other exercises' docstrings name torch.utils.checkpoint as refused: look for the refused code itself)
+    assert not any("import torch.utils.checkpoint as ck" in src for src in seen["program"]), "the refused cell ran"
     assert set(seen["grade_ids"]) == {gid for gid, _ in lay.tests} - set(lay.tests_of("checkpoint"))
     for gid in lay.tests_of("checkpoint"):
         o = result.outcomes[gid]
