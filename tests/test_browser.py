@@ -202,14 +202,6 @@ def _menubar(page) -> list[str]:
     return [t.strip() for t in page.locator(".lm-MenuBar-itemLabel").all_inner_texts()]
 
 
-def _wait_idle(page, timeout_s):
-    """Until no cell is queued or running ([*]) and the kernel is idle."""
-    page.wait_for_function(
-        """() => !Array.from(document.querySelectorAll('.jp-InputPrompt')).some(p => p.textContent.includes('*'))
-             && document.querySelector('.jp-Notebook-ExecutionIndicator[data-status="idle"]') !== null""",
-        timeout=timeout_s * 1000, polling=500)
-
-
 def _accept_dialogs(page) -> list[str]:
     """Texts of the JupyterLab dialogs open now (a kernel that was not ready asks which kernel to
     use), each accepted with its default button so that the menus can be clicked again."""
@@ -228,31 +220,76 @@ def _accept_dialogs(page) -> list[str]:
     return texts
 
 
+# A run whose prompts have not changed for this long while the kernel says idle has stalled (a
+# kernel that restarted, or cells queued before the kernel was ready); one that has not finished
+# in RUN_S has stalled whatever the indicator says. ch00 runs in about 10 s in fast mode.
+STALL_S = 90
+RUN_S = 600
+
+
+def _run_state(page) -> dict:
+    return page.evaluate(
+        """() => ({prompts: Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))
+                              .map(p => p.textContent.trim()),
+                   idle: document.querySelector('.jp-Notebook-ExecutionIndicator[data-status="idle"]') !== null})""")
+
+
+def _wait_for_run(page) -> tuple[str, dict]:
+    """Poll the prompts until every code cell shows an execution count and the kernel is idle
+    ("done"), a cell shows an error ("error"), or the run stops moving ("stalled")."""
+    start = last_change = time.monotonic()
+    state, previous = {}, None
+    while True:
+        state = _run_state(page)
+        now = time.monotonic()
+        prompts = state["prompts"]
+        if prompts and all(re.search(r"\[\d+\]", p) for p in prompts) and state["idle"]:
+            return "done", state
+        if _error_texts(page):
+            return "error", state
+        if prompts != previous:
+            previous, last_change = prompts, now
+        if (state["idle"] and now - last_change > STALL_S) or now - start > RUN_S:
+            return "stalled", state
+        page.wait_for_timeout(1000)
+
+
+def _click_menu(page, menu: str, item: str) -> None:
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(f"^{re.escape(menu)}$")).click(timeout=15_000)
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{re.escape(item)}…?$")).click(timeout=15_000)
+
+
 def _run_all(page, attempts: int = 3) -> None:
-    """Run All Cells, again if a busy machine's kernel was not ready for the first click; then wait
-    until every code cell shows an execution count."""
+    """Run All Cells and wait until every code cell shows an execution count. A busy machine's
+    kernel may not be ready for the first click, or a run may stall: then accept any dialog and
+    restart the kernel and run everything again. A cell that shows an error fails at once."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-    started = ("() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))"
-               ".some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))")
-    dialogs = []
+    dialogs, history = [], []
     for attempt in range(attempts):
         dialogs += _accept_dialogs(page)
         try:  # a dialog that opens in the meantime blocks the menu: accept it and try again
-            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click(timeout=15_000)
-            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click(timeout=15_000)
-            page.wait_for_function(started, timeout=60_000, polling=500)
-            break
-        except PlaywrightTimeout:
-            if attempt == attempts - 1:
+            if attempt == 0:
+                _click_menu(page, "Run", "Run All Cells")
+            else:
+                _click_menu(page, "Kernel", "Restart Kernel and Run All Cells")
+                page.wait_for_timeout(500)
                 dialogs += _accept_dialogs(page)
-                _shot(page, "student-lab-failed")
-                raise AssertionError(f"Run All Cells started nothing in {attempts} tries; "
-                                     f"dialogs seen: {dialogs}") from None
-    page.wait_for_function(
-        "() => Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))"
-        ".every(p => /\\[\\d+\\]/.test(p.textContent))", timeout=START_S * 1000, polling=500)
-    _wait_idle(page, START_S)
+        except PlaywrightTimeout:
+            history.append(f"try {attempt + 1}: a menu could not be clicked")
+            continue
+        outcome, state = _wait_for_run(page)
+        if outcome == "done":
+            if history or dialogs:
+                print(f"Run All Cells finished on try {attempt + 1}: {history}; dialogs seen: {dialogs}")
+            return
+        _shot(page, f"student-lab-{outcome}-{attempt + 1}")
+        if outcome == "error":
+            raise AssertionError(f"a cell failed: {_error_texts(page)[:2]}; prompts: {state['prompts']}")
+        history.append(f"try {attempt + 1}: stalled with the kernel {'idle' if state['idle'] else 'busy'} "
+                       f"and prompts {state['prompts']}")
+    dialogs += _accept_dialogs(page)
+    raise AssertionError(f"Run All Cells did not finish in {attempts} tries: {history}; dialogs seen: {dialogs}")
 
 
 def test_student_runs_a_chapter_without_instructor_tools(browser, student_lab):
