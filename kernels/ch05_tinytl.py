@@ -1,7 +1,7 @@
 """Bit packing in Triton: the 1-bit masks behind a ReLU that keeps 32× less for backward.
 
 ReLU's backward is ``dx = dy · [x > 0]``: it needs one bit per element, not the fp32 output that
-``nn.ReLU`` keeps. :func:`relu_1bit` keeps only the mask, packed eight elements to a byte:
+``nn.ReLU`` keeps. :func:`relu_packed` keeps only the mask, packed eight elements to a byte:
 element ``8k + j`` of the flattened mask is bit ``j`` (least significant first) of byte ``k``, so
 ``n`` elements take ``ceil(n / 8)`` bytes and the last byte's high bits are zero when ``n`` is not a
 multiple of 8.
@@ -12,7 +12,7 @@ unrolled loads of stride 8, which the caches merge); ``_unpack_bits_kernel`` doe
 operations are used (no ``tl.sum``): they behave the same whether or not Triton was imported before
 the interpreter was switched on. Both are pure bandwidth: pack reads n bytes and writes
 n / 8, unpack the other way round. On the CPU they run in Triton's interpreter (``import kernels``
-switches it on); :func:`relu_1bit` uses them on CUDA tensors and the PyTorch reference elsewhere.
+switches it on); :func:`relu_packed` uses them on CUDA tensors and the PyTorch reference elsewhere.
 
 ``python -m kernels.ch05_tinytl`` runs the GPU benchmark (skipped without CUDA).
 """
@@ -29,7 +29,7 @@ import triton.language as tl
 _BIT_WEIGHTS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-def pack_bits_reference(mask: torch.Tensor) -> torch.Tensor:
+def pack_mask_torch(mask: torch.Tensor) -> torch.Tensor:
     """bool (any shape, n elements) -> flat uint8 (ceil(n / 8),); element 8k+j is bit j of byte k.
 
     Bytes moved: reads n bytes, writes n / 8, but through a padded copy and an (n/8, 8) product.
@@ -40,8 +40,8 @@ def pack_bits_reference(mask: torch.Tensor) -> torch.Tensor:
     return (flat * weights).sum(dim=1, dtype=torch.uint8)  # at most 255: no overflow
 
 
-def unpack_bits_reference(packed: torch.Tensor, numel: int) -> torch.Tensor:
-    """flat uint8 (ceil(numel / 8),) -> flat bool (numel,): the inverse of :func:`pack_bits_reference`."""
+def unpack_mask_torch(packed: torch.Tensor, numel: int) -> torch.Tensor:
+    """flat uint8 (ceil(numel / 8),) -> flat bool (numel,): the inverse of :func:`pack_mask_torch`."""
     _check_packed(packed, numel)
     shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
     bits = (packed.reshape(-1, 1) >> shifts) & 1  # (bytes, 8)
@@ -81,7 +81,7 @@ def _unpack_bits_kernel(packed_ptr, mask_ptr, n, n_bytes, BLOCK: tl.constexpr):
 # --- launchers -----------------------------------------------------------------------------------
 
 
-def pack_bits(mask: torch.Tensor, block: int = 128) -> torch.Tensor:
+def pack_mask_triton(mask: torch.Tensor, block: int = 128) -> torch.Tensor:
     """Triton: bool (any shape, n elements) -> flat uint8 (ceil(n / 8),), bit j of byte k = element 8k+j."""
     if mask.dtype != torch.bool:
         raise ValueError(f"mask must be a bool tensor, got {mask.dtype}")
@@ -93,8 +93,8 @@ def pack_bits(mask: torch.Tensor, block: int = 128) -> torch.Tensor:
     return packed
 
 
-def unpack_bits(packed: torch.Tensor, numel: int, block: int = 128) -> torch.Tensor:
-    """Triton: flat uint8 (ceil(numel / 8),) -> flat bool (numel,), the inverse of :func:`pack_bits`."""
+def unpack_mask_triton(packed: torch.Tensor, numel: int, block: int = 128) -> torch.Tensor:
+    """Triton: flat uint8 (ceil(numel / 8),) -> flat bool (numel,), the inverse of :func:`pack_mask_triton`."""
     _check_packed(packed, numel)
     packed = packed.contiguous()
     out = torch.empty(numel, dtype=torch.uint8, device=packed.device)
@@ -116,7 +116,7 @@ class ReLU1bitFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
         mask = x > 0  # the gradient of relu at 0 is 0, as in torch.relu
-        packed = pack_bits(mask) if _use_triton(x) else pack_bits_reference(mask)
+        packed = pack_mask_triton(mask) if _use_triton(x) else pack_mask_torch(mask)
         ctx.save_for_backward(packed)
         ctx.shape = x.shape
         return torch.relu(x)  # inside Function.forward nothing is recorded: only `packed` is kept
@@ -125,20 +125,20 @@ class ReLU1bitFunction(torch.autograd.Function):
     def backward(ctx, grad):
         (packed,) = ctx.saved_tensors
         n = grad.numel()
-        mask = unpack_bits(packed, n) if _use_triton(grad) else unpack_bits_reference(packed, n)
+        mask = unpack_mask_triton(packed, n) if _use_triton(grad) else unpack_mask_torch(packed, n)
         return grad.masked_fill(~mask.view(ctx.shape), 0)
 
 
-def relu_1bit(x: torch.Tensor) -> torch.Tensor:
+def relu_packed(x: torch.Tensor) -> torch.Tensor:
     """ReLU with the values and gradients of ``torch.relu``; backward keeps ceil(x.numel() / 8) bytes."""
     return ReLU1bitFunction.apply(x)
 
 
 class ReLU1bit(nn.Module):
-    """``nn.ReLU`` replacement that keeps a 1-bit mask for backward (see :func:`relu_1bit`)."""
+    """``nn.ReLU`` replacement that keeps a 1-bit mask for backward (see :func:`relu_packed`)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return relu_1bit(x)
+        return relu_packed(x)
 
 
 # --- test ----------------------------------------------------------------------------------------
@@ -153,8 +153,8 @@ def random_mask(n: int, seed: int = 0, device: str = "cpu", p: float = 0.5) -> t
 def compare_with_reference(n: int, seed: int = 0, device: str = "cpu", block: int = 128) -> dict:
     """Pack and unpack a random mask of n elements with Triton and with PyTorch: which results agree."""
     mask = random_mask(n, seed, device)
-    packed, ref = pack_bits(mask, block), pack_bits_reference(mask)
-    return {"pack": torch.equal(packed, ref), "unpack": torch.equal(unpack_bits(ref, n, block), mask),
+    packed, ref = pack_mask_triton(mask, block), pack_mask_torch(mask)
+    return {"pack": torch.equal(packed, ref), "unpack": torch.equal(unpack_mask_triton(ref, n, block), mask),
             "bytes": packed.numel() == -(-n // 8)}
 
 
@@ -175,12 +175,12 @@ def main() -> None:
     print(f"{'elements':>12} | " + " | ".join(heads))
     for n in (1 << 20, 1 << 24, (1 << 28) + 3):
         mask = random_mask(n, device="cuda")
-        packed = pack_bits(mask)
-        assert torch.equal(packed, pack_bits_reference(mask))
-        assert torch.equal(unpack_bits(packed, n), mask)
+        packed = pack_mask_triton(mask)
+        assert torch.equal(packed, pack_mask_torch(mask))
+        assert torch.equal(unpack_mask_triton(packed, n), mask)
         moved = n + packed.numel()  # GB/s counts what must move: n mask bytes and n/8 packed bytes
-        rates = [_gbps(lambda: pack_bits(mask), moved), _gbps(lambda: pack_bits_reference(mask), moved),
-                 _gbps(lambda: unpack_bits(packed, n), moved), _gbps(lambda: unpack_bits_reference(packed, n), moved)]
+        rates = [_gbps(lambda: pack_mask_triton(mask), moved), _gbps(lambda: pack_mask_torch(mask), moved),
+                 _gbps(lambda: unpack_mask_triton(packed, n), moved), _gbps(lambda: unpack_mask_torch(packed, n), moved)]
         print(f"{n:>12,} | " + " | ".join(f"{r:>{len(h)}.1f}" for r, h in zip(rates, heads)))
 
 

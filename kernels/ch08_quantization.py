@@ -23,7 +23,7 @@ import triton.language as tl
 
 
 # --- reference ---------------------------------------------------------------------------------
-def nf4_dequantize_reference(packed: torch.Tensor, absmax: torch.Tensor, codebook: torch.Tensor, shape,
+def nf4_decode_torch(packed: torch.Tensor, absmax: torch.Tensor, codebook: torch.Tensor, shape,
                              block_size: int = 64) -> torch.Tensor:
     """Plain PyTorch. packed: (ceil(n / 2),) uint8, absmax: (ceil(n / block_size),) float32,
     codebook: (16,) float32 -> float32 tensor of ``shape`` (n elements).
@@ -53,9 +53,9 @@ def _nf4_dequantize_kernel(packed_ptr, absmax_ptr, codebook_ptr, out_ptr, n_elem
 
 
 # --- launcher ----------------------------------------------------------------------------------
-def nf4_dequantize(packed: torch.Tensor, absmax: torch.Tensor, codebook: torch.Tensor, shape,
+def nf4_decode_triton(packed: torch.Tensor, absmax: torch.Tensor, codebook: torch.Tensor, shape,
                    block_size: int = 64, BLOCK: int = 1024) -> torch.Tensor:
-    """Triton version of :func:`nf4_dequantize_reference` (same arguments, same result)."""
+    """Triton version of :func:`nf4_decode_torch` (same arguments, same result)."""
     n = math.prod(shape)
     if packed.numel() != (n + 1) // 2:
         raise ValueError(f"{n} values need {(n + 1) // 2} packed bytes, got {packed.numel()}")
@@ -84,8 +84,8 @@ def random_inputs(n: int, block_size: int = 64, seed: int = 0, device: str = "cp
 def max_error(shape, block_size: int = 64, BLOCK: int = 1024, seed: int = 0, device: str = "cpu") -> float:
     """Largest |kernel - reference| on random inputs of ``shape`` (0.0 when they agree exactly)."""
     packed, absmax, codebook = random_inputs(math.prod(shape), block_size, seed, device)
-    got = nf4_dequantize(packed, absmax, codebook, shape, block_size, BLOCK)
-    ref = nf4_dequantize_reference(packed, absmax, codebook, shape, block_size)
+    got = nf4_decode_triton(packed, absmax, codebook, shape, block_size, BLOCK)
+    ref = nf4_decode_torch(packed, absmax, codebook, shape, block_size)
     return (got - ref).abs().max().item()
 
 
@@ -98,7 +98,7 @@ def benchmark(n: int = 1 << 26, block_size: int = 64) -> dict[str, float]:
     packed, absmax, codebook = random_inputs(n, block_size, device="cuda")
     moved = packed.nbytes + absmax.nbytes + 4 * n  # the minimum traffic: read the inputs once, write once
     results = {}
-    for name, fn in (("triton", nf4_dequantize), ("pytorch", nf4_dequantize_reference)):
+    for name, fn in (("triton", nf4_decode_triton), ("pytorch", nf4_decode_torch)):
         ms = triton.testing.do_bench(lambda fn=fn: fn(packed, absmax, codebook, (n,), block_size))
         results[name] = moved / (ms * 1e-3) / 1e9
     return results

@@ -188,7 +188,7 @@ def _options(q: torch.Tensor) -> dict:
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
 
 
-def flash_attention_forward(q, k, v, causal: bool = False, block_m: int = 32, block_n: int = 32):
+def fused_attention_fwd(q, k, v, causal: bool = False, block_m: int = 32, block_n: int = 32):
     """Triton forward: (B, H, N, d) ×3 -> (o (B, H, N, d), lse (B, H, N) float32)."""
     _check_inputs(q, k, v)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -201,7 +201,7 @@ def flash_attention_forward(q, k, v, causal: bool = False, block_m: int = 32, bl
     return o, lse
 
 
-def flash_attention_backward(q, k, v, o, lse, do, causal: bool = False, block_m: int = 32, block_n: int = 32):
+def fused_attention_bwd(q, k, v, o, lse, do, causal: bool = False, block_m: int = 32, block_n: int = 32):
     """Triton backward: returns (dq, dk, dv), each (B, H, N, d)."""
     _check_inputs(q, k, v, o, do)
     q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))
@@ -219,25 +219,25 @@ def flash_attention_backward(q, k, v, o, lse, do, causal: bool = False, block_m:
 # --- autograd ------------------------------------------------------------------------------------
 
 
-class FlashAttentionTriton(torch.autograd.Function):
+class FusedAttentionFunction(torch.autograd.Function):
     """Saves q, k, v, o and the log-sum-exp for backward: Θ(N d) bytes per head, never Θ(N²)."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal=False, block_m=32, block_n=32):
-        o, lse = flash_attention_forward(q, k, v, causal, block_m, block_n)
+        o, lse = fused_attention_fwd(q, k, v, causal, block_m, block_n)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.config = (causal, block_m, block_n)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        dq, dk, dv = flash_attention_backward(*ctx.saved_tensors, do, *ctx.config)  # q, k, v, o, lse
+        dq, dk, dv = fused_attention_bwd(*ctx.saved_tensors, do, *ctx.config)  # q, k, v, o, lse
         return dq, dk, dv, None, None, None
 
 
 def flash_attention(q, k, v, causal: bool = False, block_m: int = 32, block_n: int = 32) -> torch.Tensor:
     """Differentiable FlashAttention: (B, H, N, d) ×3 -> (B, H, N, d)."""
-    return FlashAttentionTriton.apply(q, k, v, causal, block_m, block_n)
+    return FusedAttentionFunction.apply(q, k, v, causal, block_m, block_n)
 
 
 # --- test ----------------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def compare_with_reference(B=1, H=2, N=100, d=16, causal=False, block_m=32, bloc
     o_ref, lse_ref = attention_reference(*ref, causal=causal)
     o_ref.backward(do.double())
     ins = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
-    o, lse = flash_attention_forward(*(t.detach() for t in ins), causal=causal, block_m=block_m, block_n=block_n)
+    o, lse = fused_attention_fwd(*(t.detach() for t in ins), causal=causal, block_m=block_m, block_n=block_n)
     flash_attention(*ins, causal=causal, block_m=block_m, block_n=block_n).backward(do.to(device, dtype))
 
     def err(a, b):

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from coursekit.transfer import TransferCNN
-from kernels.ch05_tinytl import ReLU1bit, relu_1bit
+from kernels.ch05_tinytl import ReLU1bit, relu_packed
 
 
 def avg_pool_lean(x, factor):
@@ -145,31 +145,31 @@ display(Markdown(
 # %% [markdown]
 # ## 2. A ReLU that keeps one bit: packing in Triton
 #
-# `relu_1bit` (in `kernels/ch05_tinytl.py`) keeps the mask $[x > 0]$ packed 8 elements per byte:
+# `relu_packed` (in `kernels/ch05_tinytl.py`) keeps the mask $[x > 0]$ packed 8 elements per byte:
 # element $8k + j$ of the flattened mask is bit $j$ of byte $k$, so $n$ elements take
 # $\lceil n/8 \rceil$ bytes. The packing is a Triton kernel (one program per block of bytes, masked
-# loads for the tail); on the CPU it runs in Triton's interpreter, and `relu_1bit` uses the PyTorch
+# loads for the tail); on the CPU it runs in Triton's interpreter, and `relu_packed` uses the PyTorch
 # reference there (the kernel on CUDA tensors). Both give the same bytes:
 
 # %%
 from coursekit import saved_tensors
-from kernels.ch05_tinytl import pack_bits, pack_bits_reference, unpack_bits
+from kernels.ch05_tinytl import pack_mask_torch, pack_mask_triton, unpack_mask_triton
 
 mask = torch.tensor([1, 0, 0, 0, 0, 0, 0, 1, 0, 1, 1], dtype=torch.bool)  # 11 elements -> 2 bytes
-packed = pack_bits(mask)  # Triton (interpreted on CPU)
+packed = pack_mask_triton(mask)  # Triton (interpreted on CPU)
 print("mask  ", mask.int().tolist())
 print("bytes ", [f"{b:08b}" for b in packed.tolist()], "(bit 0 is the rightmost)")
-print("same as the PyTorch reference:", torch.equal(packed, pack_bits_reference(mask)),
-      "| round trip:", torch.equal(unpack_bits(packed, mask.numel()), mask))
+print("same as the PyTorch reference:", torch.equal(packed, pack_mask_torch(mask)),
+      "| round trip:", torch.equal(unpack_mask_triton(packed, mask.numel()), mask))
 
 h = torch.randn(32, 64, 8, 8, requires_grad=True)
 kept = {}
-for name, act in (("nn.ReLU", nn.ReLU()), ("relu_1bit", relu_1bit)):
+for name, act in (("nn.ReLU", nn.ReLU()), ("relu_packed", relu_packed)):
     with saved_tensors() as rec:
         act(h)
     kept[name] = rec.activation_bytes
     print(f"{name:9} keeps {kept[name]:8,} bytes for a (32, 64, 8, 8) input")
-print(f"{kept['nn.ReLU'] / kept['relu_1bit']:.0f}× less")
+print(f"{kept['nn.ReLU'] / kept['relu_packed']:.0f}× less")
 
 # %% [markdown]
 # Exactly $4n$ bytes against $n/8$, with the same values and gradients (the kernel tests in
@@ -324,7 +324,7 @@ from grader.api import run_hidden; run_hidden("ch05_tinytl", "test_LiteResidual"
 #   single input channel: a group convolution cannot split it);
 # - make trainable only the biases of the original network, every lite-residual parameter and the
 #   classifier; every other original weight is frozen;
-# - replace each block's ReLU (`block.act`) by the 1-bit one (`ReLU1bit()` is `relu_1bit` as a module).
+# - replace each block's ReLU (`block.act`) by the 1-bit one (`ReLU1bit()` is `relu_packed` as a module).
 #
 # The outputs must not change at init, in eval mode and in train mode (`TransferCNN.train()` keeps a
 # BatchNorm with a frozen weight on its running statistics, so the frozen blocks behave the same in
@@ -341,7 +341,7 @@ def apply_tinytl(model):
     Returns:
         ``model``, where each block i runs as ``block(x) + LiteResidual(in_i, out_i, stride=stride_i)(x)``
         (groups 2, or 1 where 2 does not divide both channel counts), each block's ReLU is replaced by
-        ``relu_1bit``, and exactly these parameters require grad: the original biases, all
+        ``relu_packed``, and exactly these parameters require grad: the original biases, all
         lite-residual parameters, the classifier's weight and bias. Its outputs at init equal those of
         the model passed in (eval mode), in eval and in train mode.
 

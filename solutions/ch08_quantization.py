@@ -1108,7 +1108,7 @@ from kernels import ch08_quantization as k08
 
 w_fc1 = pretrained.blocks[0].mlp.fc1.weight.detach()
 packed, absmax = nf4_quantize(w_fc1)
-w_triton = k08.nf4_dequantize(packed, absmax, nf4_codebook(), w_fc1.shape)
+w_triton = k08.nf4_decode_triton(packed, absmax, nf4_codebook(), w_fc1.shape)
 print(f"Triton kernel ({'interpreter' if k08.INTERPRETED else 'GPU'}) vs nf4_dequantize on blocks.0.mlp.fc1: "
       f"max difference {(w_triton - nf4_dequantize(packed, absmax, w_fc1.shape)).abs().max():.1e}")
 

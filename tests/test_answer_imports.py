@@ -1,14 +1,16 @@
 """The course's own packages never hand out an exercise's answer.
 
 Students have ``coursekit`` and ``kernels`` installed, and some of their functions compute what
-an exercise asks for (``kernels.ch05_tinytl.pack_bits`` is chapter 4's ``pack_bits`` on a GPU;
-``kernels.ch10_flash_attention`` holds the attention passes of chapter 10). This test finds them
-all, by walking both packages for public callables named like an exercise (the same name, or the
-name with a suffix such as ``_reference`` or ``Triton``), and proves that every way of reaching
-each one from an exercise cell is refused by the chapter's source policy before anything runs:
-an import, a dotted name, ``getattr``, ``importlib``, a copied function object, and a name or
-module the chapter's setup cells bind. The list found is pinned in ``EXPECTED`` so that a new
-duplicate is seen and named.
+an exercise asks for (``kernels.ch05_tinytl.pack_mask_triton`` is chapter 4's ``pack_bits`` on a
+GPU; ``kernels.ch10_flash_attention`` holds the attention passes of chapter 10). Three rules:
+
+- no public callable of either package carries an exercise's name, or that name with a suffix
+  (``pack_bits_reference``), so that nothing there reads as an answer to copy;
+- every duplicate, pinned in ``DUPLICATES``, is shown to compute what the exercise's reference
+  computes on the same inputs (so the list names real answers, not look-alikes);
+- every way of reaching each duplicate from an exercise cell is refused by the chapter's source
+  policy before anything runs: an import, a dotted name, ``getattr``, ``importlib``, a copied
+  function object, and a name or module the chapter's setup cells bind.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import importlib
 import pkgutil
 
 import pytest
+import torch
 
 import coursekit
 import kernels
@@ -24,19 +27,21 @@ from grader.notebooks import chapters, layout, read_source
 from grader.source_policy import refusals
 
 # (chapter, exercise) -> the course-package callables that compute (part of) its answer.
-EXPECTED = {
-    ("ch04_partial_training", "pack_bits"): {"kernels.ch05_tinytl.pack_bits", "kernels.ch05_tinytl.pack_bits_reference"},
-    ("ch04_partial_training", "unpack_bits"): {"kernels.ch05_tinytl.unpack_bits",
-                                               "kernels.ch05_tinytl.unpack_bits_reference"},
-    ("ch04_partial_training", "relu_1bit"): {"kernels.ch05_tinytl.relu_1bit"},
-    ("ch08_quantization", "nf4_dequantize"): {"kernels.ch08_quantization.nf4_dequantize",
-                                              "kernels.ch08_quantization.nf4_dequantize_reference"},
-    ("ch10_flash_attention", "flash_attention_forward"): {"kernels.ch10_flash_attention.flash_attention_forward"},
-    ("ch10_flash_attention", "flash_attention_backward"): {"kernels.ch10_flash_attention.flash_attention_backward"},
-    ("ch10_flash_attention", "FlashAttention"): {"kernels.ch10_flash_attention.FlashAttentionTriton"},
+DUPLICATES = {
+    ("ch04_partial_training", "pack_bits"): {"kernels.ch05_tinytl.pack_mask_triton",
+                                             "kernels.ch05_tinytl.pack_mask_torch"},
+    ("ch04_partial_training", "unpack_bits"): {"kernels.ch05_tinytl.unpack_mask_triton",
+                                               "kernels.ch05_tinytl.unpack_mask_torch"},
+    ("ch04_partial_training", "relu_1bit"): {"kernels.ch05_tinytl.relu_packed"},
+    ("ch08_quantization", "nf4_dequantize"): {"kernels.ch08_quantization.nf4_decode_triton",
+                                              "kernels.ch08_quantization.nf4_decode_torch"},
+    ("ch10_flash_attention", "flash_attention_forward"): {"kernels.ch10_flash_attention.fused_attention_fwd"},
+    ("ch10_flash_attention", "flash_attention_backward"): {"kernels.ch10_flash_attention.fused_attention_bwd"},
+    ("ch10_flash_attention", "FlashAttention"): {"kernels.ch10_flash_attention.FusedAttentionFunction"},
+    ("ch10_flash_attention", "flash_attention_triton"): {"kernels.ch10_flash_attention.flash_attention"},
 }
 
-# Found by the name rule but computing something else: (chapter, exercise) -> {callable: what it is}.
+# Named like an exercise but computing something else: (chapter, exercise) -> {callable: what it is}.
 NOT_ANSWERS = {
     ("ch02_checkpointing", "checkpoint"): {"coursekit.checkpoints.checkpoint_path": "the path of a saved model file"},
 }
@@ -51,9 +56,14 @@ def _modules():
     return found
 
 
-def _candidates() -> dict[tuple[str, str], set[str]]:
+def _resolve(path: str):
+    module, attr = path.rsplit(".", 1)
+    return getattr(importlib.import_module(module), attr)
+
+
+def test_no_course_function_is_named_like_an_exercise():
+    found = {}
     modules = _modules()
-    found: dict[tuple[str, str], set[str]] = {}
     for chapter in chapters():
         for exercise in layout(read_source(chapter), chapter).exercises:
             for module in modules:
@@ -66,16 +76,58 @@ def _candidates() -> dict[tuple[str, str], set[str]]:
                             exercise[:1].isupper() and attr.startswith(exercise)):
                         path = f"{module.__name__}.{attr}"
                         if path not in NOT_ANSWERS.get((chapter, exercise), {}):
-                            found.setdefault((chapter, exercise), set()).add(path)
-    return found
+                            found.setdefault(f"{chapter}.{exercise}", []).append(path)
+    assert not found, f"course functions named like an exercise (rename them, and pin real duplicates): {found}"
 
 
-CANDIDATES = _candidates()
+def _reference(chapter: str) -> dict:
+    """The chapter's setup and reference exercise cells, run in one namespace."""
+    nb = read_source(chapter)
+    lay = layout(nb, chapter)
+    ns: dict = {"__name__": f"reference_{chapter}"}
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "code" and (cell.source in lay.setup or meta.get("solution")):
+            exec(compile(cell.source, f"<{chapter}>", "exec"), ns)
+    return ns
 
 
-def test_every_course_function_that_duplicates_an_exercise_is_known():
-    assert CANDIDATES == EXPECTED, ("the course packages' exercise duplicates changed: check that each new one "
-                                    "is refused below, then update EXPECTED")
+def _same_behaviour(chapter: str, exercise: str, target: str) -> None:
+    ns, dup = _reference(chapter), _resolve(target)
+    ref = ns[exercise]
+    gen = torch.Generator().manual_seed(0)
+    if exercise == "pack_bits":
+        mask = torch.rand(1003, generator=gen) > 0.5
+        assert torch.equal(dup(mask), ref(mask))
+    elif exercise == "unpack_bits":
+        packed = torch.randint(0, 256, (126,), dtype=torch.uint8, generator=gen)
+        assert torch.equal(dup(packed, 1003), ref(packed, 1003))
+    elif exercise == "relu_1bit":
+        x = torch.randn(3, 37, generator=gen)
+        assert torch.equal(dup(x), ref(x))
+    elif exercise == "nf4_dequantize":
+        w = torch.randn(4, 64, generator=gen)
+        packed, absmax = ns["nf4_quantize"](w)
+        assert torch.allclose(dup(packed, absmax, ns["nf4_codebook"](), w.shape), ref(packed, absmax, w.shape))
+    else:  # chapter 10: (B, H, N, d) float32, a ragged last block
+        q, k, v, do = (torch.randn(1, 2, 45, 16, generator=gen) for _ in range(4))
+        if exercise == "flash_attention_forward":
+            (o1, l1), (o2, l2) = dup(q, k, v, True), ref(q, k, v, True)
+            assert torch.allclose(o1, o2, atol=1e-5) and torch.allclose(l1, l2, atol=1e-5)
+        elif exercise == "flash_attention_backward":
+            o, lse = ref.__globals__["flash_attention_forward"](q, k, v, True)
+            for a, b in zip(dup(q, k, v, o, lse, do, True), ref(q, k, v, o, lse, do, True)):
+                assert torch.allclose(a, b, atol=1e-4)
+        elif exercise == "FlashAttention":
+            assert torch.allclose(dup.apply(q, k, v, True), ref.apply(q, k, v, True), atol=1e-5)
+        else:
+            assert torch.allclose(dup(q, k, v, True), ref(q, k, v, True), atol=1e-5)
+
+
+@pytest.mark.parametrize("chapter,exercise,target", [(ch, ex, t) for (ch, ex), ts in sorted(DUPLICATES.items())
+                                                     for t in sorted(ts)])
+def test_each_pinned_duplicate_computes_the_exercise(chapter, exercise, target):
+    _same_behaviour(chapter, exercise, target)
 
 
 def _setup_bindings(chapter: str) -> dict[str, str]:
@@ -115,7 +167,7 @@ def _spellings(chapter: str, exercise: str, target: str) -> dict[str, str]:
 
 
 CASES = [pytest.param(ch, ex, target, spelling, source, id=f"{ch}-{ex}-{target.rsplit('.', 1)[1]}-{spelling}")
-         for (ch, ex), targets in sorted(EXPECTED.items()) for target in sorted(targets)
+         for (ch, ex), targets in sorted(DUPLICATES.items()) for target in sorted(targets)
          for spelling, source in _spellings(ch, ex, target).items()]
 
 

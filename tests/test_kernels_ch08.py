@@ -26,7 +26,7 @@ def test_kernel_matches_reference_in_interpreter(shape, block_size, BLOCK):
 def test_kernel_uses_high_nibble_first():
     packed = torch.tensor([0x0F], dtype=torch.uint8)  # codes 0 then 15
     codebook = torch.arange(16, dtype=torch.float32)
-    out = k08.nf4_dequantize(packed, torch.tensor([2.0]), codebook, (2,), block_size=64)
+    out = k08.nf4_decode_triton(packed, torch.tensor([2.0]), codebook, (2,), block_size=64)
     assert out.tolist() == [0.0, 30.0]
 
 
@@ -34,7 +34,7 @@ def test_kernel_uses_high_nibble_first():
     (3, 2, 16, "packed bytes"), (4, 1, 16, "absmax values"), (4, 2, 15, "16 entries")])
 def test_launcher_rejects_inconsistent_sizes(n_packed, n_absmax, n_codes, message):
     with pytest.raises(ValueError, match=message):
-        k08.nf4_dequantize(torch.zeros(n_packed, dtype=torch.uint8), torch.ones(n_absmax), torch.zeros(n_codes),
+        k08.nf4_decode_triton(torch.zeros(n_packed, dtype=torch.uint8), torch.ones(n_absmax), torch.zeros(n_codes),
                            (7,), block_size=4)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kernels.ch10_flash_attention import (
-    attention_reference, compare_with_reference, flash_attention, flash_attention_forward)
+    attention_reference, compare_with_reference, flash_attention, fused_attention_fwd)
 
 TOL32 = 2e-5  # float32 tiles with IEEE dot products: only summation order differs from float64
 
@@ -35,7 +35,7 @@ def test_large_scores_stay_finite():
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 1, 50, 16, generator=g) for _ in range(3))
     q = q * 60  # scores in the hundreds: exp overflows without the running max
-    o, lse = flash_attention_forward(q, k, v, causal=True)
+    o, lse = fused_attention_fwd(q, k, v, causal=True)
     o_ref, lse_ref = attention_reference(q.double(), k.double(), v.double(), causal=True)
     assert torch.isfinite(o).all() and torch.isfinite(lse).all()
     torch.testing.assert_close(o.double(), o_ref, atol=1e-4, rtol=1e-4)
@@ -45,7 +45,7 @@ def test_large_scores_stay_finite():
 def test_bad_head_dim_is_refused():
     x = torch.zeros(1, 1, 8, 24)
     with pytest.raises(ValueError, match="power of two"):
-        flash_attention_forward(x, x, x)
+        fused_attention_fwd(x, x, x)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -229,11 +229,11 @@ ATTACKS = [
     ("ch00_memory", "class A:\n    def __eq__(self, other):\n        return True", "__eq__"),
     ("ch00_memory", "def f(x):\n    match x:\n        case object(__class__=c):\n            return c", "__class__"),
     # the course's own answers
-    ("ch04_partial_training", "from kernels.ch05_tinytl import pack_bits", "kernels.ch05_tinytl"),
+    ("ch04_partial_training", "from kernels.ch05_tinytl import pack_mask_triton", "kernels.ch05_tinytl"),
     ("ch04_partial_training", "import kernels.ch05_tinytl as k", "kernels.ch05_tinytl"),
     ("ch04_partial_training", "import kernels", "kernels"),
     ("ch05_tinytl", "def f():\n    return relu_1bit.__globals__", "__globals__"),
-    ("ch08_quantization", "from kernels.ch08_quantization import nf4_dequantize", "kernels.ch08_quantization"),
+    ("ch08_quantization", "from kernels.ch08_quantization import nf4_decode_triton", "kernels.ch08_quantization"),
     ("ch10_flash_attention", "def f(q, k, v):\n    return kernels.ch10_flash_attention.flash_attention(q, k, v)",
      "kernels"),
     ("ch10_flash_attention", "def f():\n    return getattr(kernels, 'ch10_flash_attention')", "kernels"),

@@ -8,5 +8,5 @@ name by assignment; no def is written)."""
 SOURCE = '''
 import kernels.ch05_tinytl as tinytl
 
-pack_bits = tinytl.pack_bits_reference
+pack_bits = tinytl.pack_mask_torch
 '''

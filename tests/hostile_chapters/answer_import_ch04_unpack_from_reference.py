@@ -8,7 +8,7 @@ function so that the cell's first lines look clean."""
 SOURCE = '''
 def unpack_bits(packed, numel):
     """Undo pack_bits: the first numel bits of packed as a bool tensor."""
-    from kernels.ch05_tinytl import unpack_bits_reference as undo
+    from kernels.ch05_tinytl import unpack_mask_torch as undo
 
     return undo(packed, numel)
 '''

@@ -11,5 +11,5 @@ from kernels import ch08_quantization as k08
 
 def nf4_dequantize(packed, absmax, shape, block_size=64):
     """Undo nf4_quantize: codebook level of each code times its block's absmax."""
-    return k08.nf4_dequantize_reference(packed, absmax, nf4_codebook(), shape, block_size)
+    return k08.nf4_decode_torch(packed, absmax, nf4_codebook(), shape, block_size)
 '''

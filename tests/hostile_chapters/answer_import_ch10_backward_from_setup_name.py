@@ -9,5 +9,5 @@ SOURCE = '''
 def flash_attention_backward(q, k, v, o, lse, do, causal=False, block_q=32, block_k=32):
     """Gradients of attention, recomputing P tile by tile from the saved log-sum-exp."""
     module = vars(kernels).get("ch10_" + "flash_attention")
-    return module.flash_attention_backward(q, k, v, o, lse, do, causal)
+    return module.fused_attention_bwd(q, k, v, o, lse, do, causal)
 '''

@@ -10,5 +10,5 @@ def flash_attention_triton(q, k, v, causal=False, block_m=32, block_n=32):
     """Forward attention with a Triton kernel."""
     import kernels.ch10_flash_attention
 
-    return kernels.ch10_flash_attention.flash_attention_forward(q, k, v, causal, block_m, block_n)[0]
+    return kernels.ch10_flash_attention.fused_attention_fwd(q, k, v, causal, block_m, block_n)[0]
 '''
