@@ -15,6 +15,9 @@ What runs where (see grader/sandbox/judge.py for the threat model):
     construct, its line and what to use instead as the reason.
   * Each graded cell's hidden test runs here, against a sandboxed worker process that holds
     the student's definitions (``grader.sandbox.judge.run_checks``).
+  * Exercises are graded in order, each on its own: once an exercise has failed any of its
+    tests, the checks of later exercises run with the course's reference of it added after the
+    student's cell, so one mistake costs its own points once (the feedback says so).
   * A submission that is missing, not notebook JSON, raises, hangs or blows a limit gets
     zeros for what could not run and the reason in its feedback; every other result is still
     written. grades.csv is rewritten atomically after each submission, keeping the rows of
@@ -35,7 +38,7 @@ from pathlib import Path
 import nbformat
 
 from grader.feedback import write_feedback
-from grader.notebooks import COURSE, Layout, chapters, exercise_sources, layout
+from grader.notebooks import COURSE, Layout, chapters, exercise_sources, layout, read_source
 from grader.sandbox.judge import Limits, Outcome, run_checks
 from grader.source_policy import refusals
 
@@ -117,19 +120,67 @@ def grade_one(student: str, chapter: str, path: Path, lay: Layout, limits: Limit
         sources = exercise_sources(nb, lay.exercises)
         # A cell that breaches the chapter's source policy is not run: its test cells score 0.
         refused = refusals(chapter, lay.setup, sources)
-        program = list(lay.setup) + [src for ex, src in sources.items() if src is not None and ex not in refused]
         missing = [ex for ex, src in sources.items() if src is None]
         zeros = {gid: Outcome(gid, False, reason) for ex, reason in refused.items()
                  for gid in lay.tests_of(ex)}
-        to_run = [gid for gid, _ in lay.tests if gid not in zeros]
-        outcomes = run_checks(chapter, program, to_run, limits, submission_dir=path.parent,
-                              setup=len(lay.setup)) if to_run else {}
-        outcomes.update(zeros)
-        note = f"exercise cell(s) not found: {', '.join(missing)}" if missing else ""
-        return Result(student, chapter, lay, outcomes, sources, note)
+        outcomes, stood_in = _grade_in_order(chapter, lay, sources, refused, zeros, limits, path.parent)
+        notes = [f"exercise cell(s) not found: {', '.join(missing)}"] if missing else []
+        if stood_in:
+            notes.append(f"the tests of later exercises ran with the course's own {', '.join(stood_in)} in place "
+                         "of yours, which did not pass all of its tests: each mistake costs its own points once")
+        return Result(student, chapter, lay, outcomes, sources, "; ".join(notes))
     except Exception as e:  # noqa: BLE001 - one broken submission must not stop the batch
         reason = f"internal grading error ({type(e).__name__}); please contact the instructor"
         return Result(student, chapter, lay, _failed(lay, reason), note=reason)
+
+
+def _grade_in_order(chapter: str, lay: Layout, sources: dict[str, str | None], refused: dict[str, str],
+                    zeros: dict[str, Outcome], limits: Limits, submission_dir: Path) -> tuple[dict[str, Outcome], list[str]]:
+    """Run each exercise's checks, in the release's order, on its own merits.
+
+    Later exercises call earlier ones (ch02's checkpoint_uniform calls checkpoint). An earlier
+    exercise that did not pass all of its tests (or was refused, or is missing) is followed, in
+    the program of every later exercise's checks, by the course's reference cell, which rebinds
+    its name; the student's own cell still runs first, so helpers it defines stay available.
+    Returns the outcomes and the exercises that were stood in for while a later one was graded.
+    """
+    references = _references(chapter, lay)
+    owned = {gid for ex in lay.exercises for gid in lay.tests_of(ex)}
+    groups = [(None, [gid for gid, _ in lay.tests if gid not in owned])]
+    groups += [(ex, list(lay.tests_of(ex))) for ex in lay.exercises]
+    outcomes: dict[str, Outcome] = dict(zeros)
+    failed: list[str] = []
+    stood_in: list[str] = []
+    for ex, gids in groups:
+        to_run = [gid for gid in gids if gid not in zeros]
+        if to_run:
+            program = list(lay.setup)
+            for e in lay.exercises:
+                if sources.get(e) is not None and e not in refused:
+                    program.append(sources[e])
+                if e in failed and e in references:
+                    program.append(references[e])
+                    if e not in stood_in:
+                        stood_in.append(e)
+            outcomes.update(run_checks(chapter, program, to_run, limits, submission_dir=submission_dir,
+                                       setup=len(lay.setup)))
+        if ex is not None and not all(outcomes[gid].passed for gid in gids if gid in outcomes):
+            failed.append(ex)
+    return outcomes, stood_in
+
+
+_REFERENCES: dict[str, dict[str, str]] = {}
+
+
+def _references(chapter: str, lay: Layout) -> dict[str, str]:
+    """The reference cell of each exercise, from the chapter's source (judge-side only)."""
+    if chapter not in _REFERENCES:
+        try:
+            found = exercise_sources(read_source(chapter), lay.exercises)
+        except (OSError, ValueError):  # a chapter without a solutions source (a test's toy chapter)
+            found = {}
+        _REFERENCES[chapter] = {ex: src for ex, src in found.items() if src is not None}
+    return _REFERENCES[chapter]
 
 
 class CsvWriter:

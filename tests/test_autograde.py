@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from conftest import ROOT
+from grader.autograde import release_layout
 from grader.notebooks import chapters
 from submissions import blank, reference, with_exercise, write
 from wrong_submissions import WRONG
@@ -74,6 +75,22 @@ def test_wrong_submission_loses_points(batch, chapter, exercise):
     got, mx = totals(rows)[(f"wrong-{exercise}", chapter)]
     assert got < mx, f"a wrong {exercise} scored full marks"
     assert "failed" in (out / "feedback" / f"wrong-{exercise}" / f"{chapter}.html").read_text()
+
+
+@pytest.mark.parametrize("chapter,exercise", sorted(WRONG))
+def test_a_wrong_exercise_costs_only_its_own_points(batch, chapter, exercise):
+    """Later exercises that call a failed one are graded with the course's reference of it."""
+    _, out, rows = batch
+    lay = release_layout(chapter)
+    own = set(lay.tests_of(exercise))
+    lost = {r["problem"] for r in rows if r["student_id"] == f"wrong-{exercise}" and r["chapter"] == chapter
+            and float(r["score"]) < float(r["max_score"])}
+    if lost & own:
+        assert lost <= own, f"a wrong {exercise} also lost {sorted(lost - own)}"
+        later = lay.exercises[lay.exercises.index(exercise) + 1:]
+        if any(lay.tests_of(e) for e in later):
+            page = (out / "feedback" / f"wrong-{exercise}" / f"{chapter}.html").read_text()
+            assert f"course&#x27;s own {exercise}" in page or f"course's own {exercise}" in page
 
 
 def test_broken_missing_and_hanging_submissions_get_zeros_with_reasons(batch):

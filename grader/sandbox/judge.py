@@ -150,6 +150,11 @@ Residual risks, stated plainly:
   Hidden checks still treat in-process measurements as claims.
 * Student-chosen exception messages (500 characters, printable only) are shown back to that
   student; they cannot contain what the worker cannot read.
+* Once an exercise has failed one of its tests, the programs of later exercises' checks carry
+  the course's reference cell of it (``grader.autograde``), so that one mistake costs its
+  points once. That student's later code can read that reference and could echo parts of it
+  in an exception message: a student who failed an exercise can learn its answer from the
+  feedback. A student who passed it never receives it.
 """
 from __future__ import annotations
 
