@@ -1,7 +1,8 @@
 """A chapter's hidden tests through the sandbox, as at autograde.
 
 Each ``tests/test_hidden_chNN_*.py`` first runs its checks in-kernel against many correct and
-wrong implementations, then takes these two tests::
+wrong implementations, then takes these two tests (the reference's is read from the run's one
+grading of every reference, ``tests/graded_once.py``)::
 
     test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(CHAPTER, WRONG)
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+import graded_once
 from grader.api import checks_for
 from grader.notebooks import exercise_sources, layout, read_source
 from grader.sandbox import judge
@@ -36,8 +38,12 @@ def sandbox_tests(chapter: str, wrong: dict, grade_ids: dict[str, str] | None = 
     exercises = sorted(ex for ch, ex in wrong if ch == chapter)
 
     def test_sandbox_reference_passes():
-        outcomes = judge.run_checks(chapter, program(chapter), sorted(checks_for(chapter)), LIMITS)
-        assert all(o.passed for o in outcomes.values()), {g: o.reason for g, o in outcomes.items()}
+        # The run's one sandboxed grading of every reference (tests/graded_once.py).
+        rows = graded_once.rows("reference", chapter)
+        assert {r["problem"] for r in rows} == set(checks_for(chapter)), "every hidden test was graded"
+        lost = [r["problem"] for r in rows if float(r["score"]) != float(r["max_score"])]
+        assert not lost, (f"the reference lost {lost}; reasons in "
+                          f"{graded_once.feedback('reference', chapter)}")
 
     @pytest.mark.parametrize("exercise", exercises)
     def test_sandbox_wrong_submission_fails(exercise):

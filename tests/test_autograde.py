@@ -8,7 +8,9 @@ import pytest
 from conftest import ROOT
 from grader.autograde import release_layout
 from grader.notebooks import chapters
-from submissions import blank, reference, with_exercise, write
+import graded_once
+from grader.selfcheck import verdict
+from submissions import with_exercise, write
 from wrong_submissions import WRONG
 
 pytestmark = pytest.mark.xdist_group("autograde")
@@ -40,9 +42,7 @@ def totals(rows):
 def batch(tmp_path_factory):
     sub = tmp_path_factory.mktemp("submitted")
     out = tmp_path_factory.mktemp("out")
-    for ch in CHAPTERS:
-        write(sub, "honest", ch, reference(ch))
-        write(sub, "blank", ch, blank(ch))
+    # The references and blank releases are graded once per run by graded_once, not here.
     for (ch, ex), source in WRONG.items():
         write(sub, f"wrong-{ex}", ch, with_exercise(ch, ex, source))
     write(sub, "broken", "ch00_memory", "{ this is not a notebook")
@@ -57,14 +57,13 @@ def test_one_row_per_graded_cell(batch):
     _, _, rows = batch
     keys = [(r["student_id"], r["chapter"], r["problem"]) for r in rows]
     assert len(keys) == len(set(keys))
-    assert {r["student_id"] for r in rows} >= {"honest", "blank", "broken", "missing", "hangs"}
+    assert {r["student_id"] for r in rows} >= {"broken", "missing", "hangs"}
 
 
-def test_reference_full_marks_blank_zero(batch):
-    _, _, rows = batch
-    t = totals(rows)
+def test_reference_full_marks_blank_zero():
+    t = totals(graded_once.rows())
     for ch in CHAPTERS:
-        got, mx = t[("honest", ch)]
+        got, mx = t[("reference", ch)]
         assert got == mx > 0, f"reference {ch}: {got}/{mx}"
         assert t[("blank", ch)][0] == 0
 
@@ -128,11 +127,12 @@ def test_gradebook_holds_the_scores(batch):
 def test_regrading_one_student_keeps_the_others(batch, tmp_path):
     _, out, rows = batch
     sub = tmp_path / "late"
-    write(sub, "late", "ch00_memory", reference("ch00_memory"))
+    wrong = next(ex for ch, ex in WRONG if ch == "ch00_memory")
+    write(sub, "late", "ch00_memory", with_exercise("ch00_memory", wrong, WRONG["ch00_memory", wrong]))
     proc = autograde(sub, out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     after = read_grades(out)
-    assert len(after) == len(rows) + sum(1 for r in rows if (r["student_id"], r["chapter"]) == ("honest", "ch00_memory"))
+    assert len(after) == len(rows) + len(release_layout("ch00_memory").tests)
     assert {(r["student_id"], r["problem"]) for r in rows} <= {(r["student_id"], r["problem"]) for r in after}
 
 
@@ -145,8 +145,42 @@ def test_bad_arguments_are_reported(tmp_path):
 
 
 def test_selfcheck_passes():
-    proc = subprocess.run([sys.executable, "-m", "grader", "selfcheck"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    for ch in chapters():
-        assert ch in proc.stdout
+    """selfcheck's verdict on the run's one grading of every reference and blank release."""
+    lines = []
+    assert verdict(graded_once.rows(), CHAPTERS, log=lines.append), "\n".join(lines)
+    for ch in CHAPTERS:
+        assert any(line.startswith(ch) and line.endswith("ok") for line in lines), lines
+
+
+def test_selfcheck_verdict_fails_a_reference_that_lost_points():
+    rows = [dict(r) for r in graded_once.rows(chapter="ch00_memory")]
+    next(r for r in rows if r["student_id"] == "reference")["score"] = "0"
+    lines = []
+    assert not verdict(rows, ["ch00_memory"], log=lines.append)
+    assert "FAILED" in lines[-1] or any("FAILED" in line for line in lines)
+
+
+def test_selfcheck_command_grades_reference_and_blank(monkeypatch):
+    """The command's wiring (the grading itself is the run's one batch above)."""
+    from grader import selfcheck as sc
+    from grader.autograde import Result
+    from grader.sandbox.judge import Outcome
+
+    lay = release_layout("ch00_memory")
+    seen = {}
+
+    def fake_autograde(subs, out, **kw):
+        seen["students"] = sorted(p.name for p in subs.iterdir())
+        return [Result("reference", "ch00_memory", lay, {g: Outcome(g, True, "") for g, _ in lay.tests}),
+                Result("blank", "ch00_memory", lay, {g: Outcome(g, False, "NotImplementedError") for g, _ in lay.tests})]
+
+    monkeypatch.setattr(sc, "autograde", fake_autograde)
+    lines = []
+    assert sc.selfcheck(["ch00_memory"], log=lines.append)
+    assert seen["students"] == ["blank", "reference"]
+    monkeypatch.setattr(sc, "autograde", lambda subs, out, **kw: [
+        Result(who, "ch00_memory", lay, {g: Outcome(g, False, "broken") for g, _ in lay.tests})
+        for who in ("reference", "blank")])
+    lines = []
+    assert not sc.selfcheck(["ch00_memory"], log=lines.append)
+    assert any("reference test_" in line and "broken" in line for line in lines), lines

@@ -27,10 +27,11 @@ import nbformat
 import pytest
 import requests
 
+import graded_once
 from conftest import ROOT
 from grader import demo
 from grader.notebooks import chapters, grade_id, is_demo, read_source
-from submissions import reference, with_exercise, write
+from submissions import with_exercise, write
 from test_lab import _free_port, _stop
 from wrong_submissions import WRONG
 
@@ -345,7 +346,6 @@ def test_instructor_lab_has_nbgrader_and_opens_sources_as_notebooks(browser, tmp
 
 def test_feedback_page_shows_scores_and_reasons(browser, tmp_path):
     sub, out = tmp_path / "submitted", tmp_path / "out"
-    write(sub, "honest", STUDENT_CHAPTER, reference(STUDENT_CHAPTER))
     wrong = next(ex for ch, ex in WRONG if ch == STUDENT_CHAPTER)
     write(sub, "wrong", STUDENT_CHAPTER, with_exercise(STUDENT_CHAPTER, wrong, WRONG[STUDENT_CHAPTER, wrong]))
     proc = subprocess.run([sys.executable, "-m", "grader", "autograde", str(sub), "--out", str(out)],
@@ -354,7 +354,7 @@ def test_feedback_page_shows_scores_and_reasons(browser, tmp_path):
     layout_points = sum(float(c.metadata["nbgrader"]["points"]) for c in read_source(STUDENT_CHAPTER).cells
                         if c.metadata.get("nbgrader", {}).get("grade"))
     page = _page(browser, height=1000)
-    page.goto((out / "feedback" / "honest" / f"{STUDENT_CHAPTER}.html").as_uri())
+    page.goto(graded_once.feedback("reference", STUDENT_CHAPTER).as_uri())  # the run's one grading of it
     text = page.locator("body").inner_text()
     assert f"{layout_points:g} / {layout_points:g} points" in text and "passed" in text
     assert "Why points were lost" not in text

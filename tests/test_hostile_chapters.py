@@ -3,7 +3,7 @@
 Each case of ``tests/hostile_chapters/`` (format in its README) replaces one exercise cell of a
 chapter's reference submission with wrong or forbidden code dressed up to score. One batch
 grades every case, one student each, next to the honest reference submission of every chapter
-involved. A case expecting ``"breach"`` must score 0 on every graded test cell of its exercise
+where a case tries to harm other students. A case expecting ``"breach"`` must score 0 on every graded test cell of its exercise
 with a reason naming the construct; a case expecting ``"loses"`` must leave the chapter below
 full marks. The honest submissions keep full marks.
 """
@@ -72,7 +72,9 @@ def batch(tmp_path_factory):
             cases[name] = load(name)
         except Exception:  # noqa: BLE001
             continue
-    for chapter in sorted({c["CHAPTER"] for c in cases.values()}):
+    # Honest neighbours where a case tries to harm others (the references' own grade is checked once
+    # per run, by tests/graded_once.py).
+    for chapter in sorted({c["CHAPTER"] for c in cases.values() if c["THREAT"] == "harm_others"}):
         write(sub, HONEST, chapter, reference(chapter))
     for name, case in cases.items():
         # A breach is decided before anything runs: the other exercises may stay blank (fast);

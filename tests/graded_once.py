@@ -1,0 +1,74 @@
+"""Every chapter's reference solution and blank release, autograded once per test run.
+
+Several tests need the sandboxed grade of the references (the autograde contract, selfcheck's
+verdict, each chapter's sandbox test, the feedback page in the browser): grading them costs
+minutes on 2 cores, so the first test that asks runs one ``python -m grader autograde`` batch
+(students ``reference`` and ``blank``, every chapter) and the others, in any pytest-xdist
+worker, wait for it and read its output. The batch lives in ``build/test-runs/<run id>/``; the
+run id is pytest-xdist's, shared by every worker of one run.
+"""
+from __future__ import annotations
+
+import csv
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import ROOT
+from grader.notebooks import chapters
+from submissions import blank, reference, write
+
+RUNS = ROOT / "build" / "test-runs"
+STUDENTS = ("reference", "blank")
+OLD_S = 24 * 3600  # batches of earlier runs are removed after a day
+
+
+def _run_dir() -> Path:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"solo-{os.getpid()}"
+    return RUNS / run
+
+
+def _clean_old(keep: Path) -> None:
+    for d in RUNS.glob("*"):
+        if d != keep and d.is_dir() and time.time() - d.stat().st_mtime > OLD_S:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def batch() -> Path:
+    """OUT of the run's reference/blank batch (grades.csv, feedback/); graded on first use."""
+    root = _run_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / "out"
+    with (root / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait here while one grades
+        if not (root / "done").exists():
+            _clean_old(root)
+            sub = root / "submitted"
+            shutil.rmtree(sub, ignore_errors=True)
+            shutil.rmtree(out, ignore_errors=True)
+            for ch in chapters():
+                write(sub, "reference", ch, reference(ch))
+                write(sub, "blank", ch, blank(ch))
+            proc = subprocess.run([sys.executable, "-m", "grader", "autograde", str(sub), "--out", str(out),
+                                   "--workers", "2", "--timeout", "180"], cwd=ROOT, capture_output=True,
+                                  text=True, timeout=3000)
+            (root / "log.txt").write_text(proc.stdout + proc.stderr)
+            if proc.returncode != 0:
+                raise RuntimeError(f"autograding the references failed:\n{proc.stderr[-3000:]}")
+            (root / "done").touch()
+    return out
+
+
+def rows(student: str | None = None, chapter: str | None = None) -> list[dict]:
+    with (batch() / "grades.csv").open(newline="") as f:
+        found = list(csv.DictReader(f))
+    return [r for r in found if (student is None or r["student_id"] == student)
+            and (chapter is None or r["chapter"] == chapter)]
+
+
+def feedback(student: str, chapter: str) -> Path:
+    return batch() / "feedback" / student / f"{chapter}.html"
