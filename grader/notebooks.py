@@ -10,7 +10,6 @@ cell markers (see STYLE.md) become nbgrader metadata here:
 """
 from __future__ import annotations
 
-import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,17 +130,35 @@ def layout(nb: nbformat.NotebookNode, chapter: str) -> Layout:
 
 
 def defines(source: str, name: str) -> bool:
-    """Whether ``source`` defines ``name`` at top level (function, class or assignment)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return False
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            return True
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            return True
-    return False
+    """Whether ``source`` defines ``name`` at top level (function, class or assignment).
+
+    The same rule finds a student's exercise cell in their kernel's history (``coursekit.graded``).
+    """
+    from coursekit.graded import defines as _defines  # imports torch: only when needed
+
+    return _defines(source, name)
+
+
+def graded_check_line(chapter: str, exercise: str) -> str:
+    """The first line of each graded test cell of ``exercise``: it runs the exercise the way the
+    grader will (setup cells, then exercise cells, in a fresh namespace) before the visible asserts."""
+    return (f'from coursekit.graded import check_as_graded; check_as_graded("{chapter}", "{exercise}")'
+            "  # runs your exercise cells as the grader does")
+
+
+def with_graded_checks(nb: nbformat.NotebookNode, chapter: str) -> nbformat.NotebookNode:
+    """``nb`` with :func:`graded_check_line` at the top of every graded test cell that follows an
+    exercise (``Layout.tests_of``); the cell's hidden-test region is left as it is."""
+    lay = layout(nb, chapter)
+    owner = {gid: ex for ex in lay.exercises for gid in lay.tests_of(ex)}
+    for cell in nb.cells:
+        gid = grade_id(cell)
+        if cell.cell_type != "code" or gid not in owner or not cell.metadata["nbgrader"].get("grade"):
+            continue
+        line = graded_check_line(chapter, owner[gid])
+        if cell.source.split("\n", 1)[0] != line:
+            cell.source = line + "\n" + cell.source
+    return nb
 
 
 def exercise_sources(nb: nbformat.NotebookNode, exercises: tuple[str, ...]) -> dict[str, str | None]:

@@ -1,8 +1,10 @@
 """``python -m grader release``: solutions/ -> course/*.ipynb through nbgrader generate_assignment.
 
-nbgrader replaces every ``### BEGIN SOLUTION`` region with a stub, deletes hidden-test
-regions, clears outputs and records checksums. The result is written to
-``course/<chapter_id>.ipynb``; it is generated, never edited by hand, and
+Each graded test cell first gets one line that runs its exercise the way the grader will
+(``grader.notebooks.with_graded_checks``, ``coursekit.graded``); the instructor notebook
+(``read_source``) stays as its source is. nbgrader then replaces every ``### BEGIN SOLUTION``
+region with a stub, deletes hidden-test regions, clears outputs and records checksums. The
+result is written to ``course/<chapter_id>.ipynb``; it is generated, never edited by hand, and
 ``tests/test_release.py`` fails when it is stale.
 """
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import nbformat
 
-from grader.notebooks import COURSE, chapters, check_chapter_id, read_source
+from grader.notebooks import COURSE, chapters, check_chapter_id, read_source, with_graded_checks
 
 
 def nbgrader_env() -> None:
@@ -42,7 +44,7 @@ def generate(chapter_ids: list[str], root: Path, db_url: str) -> dict[str, nbfor
     for ch in chapter_ids:
         src = root / "source" / ch
         src.mkdir(parents=True, exist_ok=True)
-        nbformat.write(read_source(ch), src / f"{ch}.ipynb")
+        nbformat.write(with_graded_checks(read_source(ch), ch), src / f"{ch}.ipynb")
     api = nbgrader_api(root, db_url)
     out = {}
     for ch in chapter_ids:

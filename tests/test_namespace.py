@@ -6,7 +6,9 @@ cell, the exercise cell itself or the builtins. A name imported only in a later,
 works in the student's kernel and fails at grading with a NameError. Two static checks, per
 exercise of every chapter (nothing is executed):
 
-- every free name of the reference exercise cell resolves;
+- every free name of the reference exercise cell resolves (``coursekit.graded.global_reads``: the
+  names it reads from the module's globals, by Python's scoping rules; students' visible test
+  cells run the same analysis on their own cells, ``coursekit.graded.check_as_graded``);
 - every module, class or dotted name the exercise's text puts in backticks (its docstring and
   comments, and the markdown just above the cell) resolves by its first part, unless
   ``MENTIONED`` lists it for that exercise with the reason it is named without being offered
@@ -16,13 +18,13 @@ exercise of every chapter (nothing is executed):
 from __future__ import annotations
 
 import ast
-import builtins
 import importlib
 import importlib.util
 import re
 
 import pytest
 
+from coursekit.graded import BUILTINS, global_reads, module_bindings
 from grader.notebooks import chapters, grade_id, layout, read_source
 
 # (chapter, exercise) -> {name: why it is named without being available}
@@ -42,18 +44,22 @@ MENTIONED: dict[tuple[str, str], dict[str, str]] = {
     ("ch10_flash_attention", "flash_attention_forward"): {"nn": "torch's attention layers, refused"},
     ("ch10_flash_attention", "flash_attention_triton"): {"K": "a matrix of the maths", "V": "a matrix of the maths"},
 }
-BUILTINS = set(dir(builtins)) | {"display", "get_ipython"}
 TICKED = re.compile(r"`{1,2}([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?:\([^`]*\))?`{1,2}")
 MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$", re.M)
 
 
-def _parse(source: str) -> ast.Module:
+def _python(source: str) -> str:
     lines = ("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
-    return ast.parse(MARKERS.sub("", "\n".join(lines)))
+    return MARKERS.sub("", "\n".join(lines))
+
+
+def _parse(source: str) -> ast.Module:
+    return ast.parse(_python(source))
 
 
 def _bound(tree: ast.AST) -> set[str]:
-    """Every name a cell binds, at any depth (definitions, imports, targets, parameters)."""
+    """Every name a cell binds, at any depth (definitions, imports, targets, parameters): what the
+    text of an exercise may name without it being offered (a parameter, a local)."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -74,10 +80,6 @@ def _bound(tree: ast.AST) -> set[str]:
     return names
 
 
-def _loaded(tree: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-
-
 def _is_module(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -89,7 +91,7 @@ def _exercises():
     for chapter in chapters():
         nb = read_source(chapter)
         lay = layout(nb, chapter)
-        provided = set().union(*(_bound(_parse(s)) for s in lay.setup))
+        provided = set().union(*(module_bindings(_python(s)) for s in lay.setup))
         cells = {grade_id(c): (i, c) for i, c in enumerate(nb.cells) if grade_id(c) in lay.exercises}
         for exercise in lay.exercises:  # exercise cells run too: their top-level names are provided
             provided |= {n.name for n in _parse(cells[exercise][1].source).body
@@ -109,8 +111,8 @@ EXERCISES = list(_exercises())
 
 @pytest.mark.parametrize("chapter,exercise,source,text,provided", EXERCISES)
 def test_reference_exercise_uses_only_what_grading_provides(chapter, exercise, source, text, provided):
-    tree = _parse(source)
-    missing = _loaded(tree) - _bound(tree) - BUILTINS - provided
+    source = _python(source)
+    missing = global_reads(source) - module_bindings(source) - BUILTINS - provided
     assert not missing, (f"{chapter}: the reference {exercise} uses {sorted(missing)}, which no setup cell, "
                          f"exercise cell or builtin provides: it would fail at grading with a NameError")
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import ROOT
 from grader.api import checks_for
-from grader.notebooks import chapters, defines, read_source
+from grader.notebooks import chapters, defines, grade_id, graded_check_line, layout, read_source, with_graded_checks
 from grader.release import release
 
 SOLUTION_RE = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
@@ -33,6 +33,41 @@ def test_course_is_fresh(chapter, fresh):
     committed = nbformat.read(ROOT / "course" / f"{chapter}.ipynb", as_version=4)
     regenerated = nbformat.read(fresh / f"{chapter}.ipynb", as_version=4)
     assert committed == regenerated, f"course/{chapter}.ipynb is stale: run `python -m grader release`"
+
+
+@pytest.mark.parametrize("chapter", chapters())
+def test_graded_test_cells_first_run_their_exercise_as_graded(chapter, fresh):
+    """Each graded test cell starts by running its exercise the grader's way (coursekit.graded)."""
+    nb = nbformat.read(fresh / f"{chapter}.ipynb", as_version=4)
+    lay = layout(nb, chapter)
+    owner = {gid: ex for ex in lay.exercises for gid in lay.tests_of(ex)}
+    graded = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
+    assert owner, f"{chapter} has no graded cell after an exercise"
+    for cell in graded:
+        first, *rest = cell.source.splitlines()
+        exercise = owner.get(grade_id(cell))
+        if exercise is None:  # before any exercise: nothing of the student's to run
+            assert "check_as_graded" not in cell.source
+            continue
+        assert first == graded_check_line(chapter, exercise), f"{grade_id(cell)} does not start with its check"
+        assert first.startswith(f'from coursekit.graded import check_as_graded; '
+                                f'check_as_graded("{chapter}", "{exercise}")  # ')
+        assert rest and "check_as_graded" not in "\n".join(rest), "one check per cell, then the visible asserts"
+
+
+@pytest.mark.parametrize("chapter", chapters())
+def test_the_check_line_is_added_by_the_release_only(chapter):
+    nb = read_source(chapter)
+    assert not any("check_as_graded" in c.source for c in nb.cells), "the instructor notebook stays as its source"
+    checked = with_graded_checks(read_source(chapter), chapter)
+    twice = with_graded_checks(nbformat.from_dict(checked), chapter)
+    assert twice == checked and twice is not checked, "adding the checks twice adds them once"
+    for before, after in zip(nb.cells, checked.cells):
+        if before.metadata.get("nbgrader", {}).get("grade"):
+            assert after.source.endswith(before.source) and after.source.count("\n") == before.source.count("\n") + 1
+            assert HIDDEN_RE.search(after.source).group(0) == HIDDEN_RE.search(before.source).group(0)
+        else:
+            assert after.source == before.source
 
 
 @pytest.mark.parametrize("chapter", chapters())
