@@ -174,12 +174,14 @@ def predict_training_memory(model, batch_size, optimizer):
     Raises:
         ValueError: for any other optimizer, naming the bad value and the allowed ones.
 
-    Graded on: all four entries, compared exactly with the model state and with what autograd saves
-    in the real step, for hand-made stacks (a single Linear, a Linear without bias down to one output,
+    Graded on, in three cells: the "activations" entry (test_predict_training_memory), compared exactly
+    with what autograd saves in the real step; the model state ("params", "grads", "optimizer_state"),
+    compared exactly with the parameters' bytes for all three optimizers; and the optimizer argument: the
+    three names accepted, an unknown one ("rmsprop") raising ValueError whose message names it and the
+    allowed ones. The models: hand-made stacks (a single Linear, a Linear without bias down to one output,
     two Linears in a row, ReLUs leading, trailing and two in a row, a stack of five Linears) and random
-    stacks of 1 to 5 Linears (widths 1 to 67, biases on and off, up to two ReLUs in a row anywhere),
-    batch sizes 1 to 33 and all three optimizers; an unknown optimizer ("rmsprop") raising ValueError.
-    Each graded cell may use 60 s and 4 GiB.
+    stacks of 1 to 5 Linears (widths 1 to 67, biases on and off, up to two ReLUs in a row anywhere), batch
+    sizes 1 to 33. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     copies = {"sgd": 0, "momentum": 1, "adam": 2}
@@ -211,17 +213,12 @@ def predict_training_memory(model, batch_size, optimizer):
     ### END SOLUTION
 
 
-# %% test="test_predict_training_memory" points=4
-# Model state of mlp([6, 10, 3]): 6·10 + 10 + 10·3 + 3 = 103 values, 412 bytes.
+# %% test="test_predict_training_memory" points=2
+# Activations of mlp([6, 10, 3]) at batch 4: section 2 counted 352 bytes.
 got = predict_training_memory(mlp([6, 10, 3]), 4, "adam")
 assert isinstance(got, dict), f"return a dict, got {type(got).__name__}"
-assert {"params", "grads", "optimizer_state", "activations"} <= set(got), f"missing keys in {sorted(got)}"
-assert got["params"] == 412, f"params: {got['params']} bytes, expected 412 (103 fp32 values)"
-assert got["grads"] == 412, f"grads: {got['grads']} bytes, expected 412 (one gradient per parameter)"
-assert got["optimizer_state"] == 824, "Adam keeps two moments (m and v) per trainable parameter"
+assert "activations" in got, f"missing key 'activations' in {sorted(got)}"
 assert got["activations"] == 352, f"activations: {got['activations']} bytes, section 2 counted 352"
-assert predict_training_memory(mlp([6, 10, 3]), 4, "sgd")["optimizer_state"] == 0, "plain SGD keeps no state"
-assert predict_training_memory(mlp([6, 10, 3]), 4, "momentum")["optimizer_state"] == 412, "one velocity buffer"
 
 # Activations, checked against what autograd really saves.
 cases = {
@@ -237,16 +234,38 @@ for name, case in cases.items():
         want = measure_training_step(case, batch_size).activation_bytes
         have = predict_training_memory(case, batch_size, "sgd")["activations"]
         assert have == want, f"{name}, batch {batch_size}: predicted {have} bytes, autograd saved {want}"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch00_memory", "test_predict_training_memory", globals())
+### END HIDDEN TESTS
 
+# %% test="test_predict_training_memory_model_state" points=1
+# Model state of mlp([6, 10, 3]): 6·10 + 10 + 10·3 + 3 = 103 values, 412 bytes.
+got = predict_training_memory(mlp([6, 10, 3]), 4, "adam")
+assert {"params", "grads", "optimizer_state"} <= set(got), f"missing keys in {sorted(got)}"
+assert got["params"] == 412, f"params: {got['params']} bytes, expected 412 (103 fp32 values)"
+assert got["grads"] == 412, f"grads: {got['grads']} bytes, expected 412 (one gradient per parameter)"
+assert got["optimizer_state"] == 824, "Adam keeps two moments (m and v) per trainable parameter"
+assert predict_training_memory(mlp([6, 10, 3]), 4, "sgd")["optimizer_state"] == 0, "plain SGD keeps no state"
+assert predict_training_memory(mlp([6, 10, 3]), 4, "momentum")["optimizer_state"] == 412, "one velocity buffer"
+no_bias = predict_training_memory(nn.Sequential(nn.Linear(6, 10, bias=False)), 4, "sgd")
+assert no_bias["params"] == 240, f"params of Linear(6, 10, bias=False): {no_bias['params']} bytes, expected 6·10·4"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch00_memory", "test_predict_training_memory_model_state", globals())
+### END HIDDEN TESTS
+
+# %% test="test_predict_training_memory_errors" points=1
 try:
     predict_training_memory(mlp([6, 10, 3]), 4, "rmsprop")
 except ValueError as e:
-    assert "rmsprop" in str(e) and "adam" in str(e), f"name the bad value and the allowed ones: {e}"
+    assert all(name in str(e) for name in ("rmsprop", "sgd", "momentum", "adam")), \
+        f"name the bad value and the allowed ones: {e}"
 else:
     raise AssertionError("an unknown optimizer should raise ValueError")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
-from grader.api import run_hidden; run_hidden("ch00_memory", "test_predict_training_memory", globals())
+from grader.api import run_hidden; run_hidden("ch00_memory", "test_predict_training_memory_errors", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]

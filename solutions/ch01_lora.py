@@ -105,17 +105,22 @@ class LoRALinear(nn.Module):
     merge(): a new ``nn.Linear`` with weight ``W0 + scaling * lora_B @ lora_A`` and the base bias;
         ``self.base`` is left unchanged.
 
-    Graded on: a float32 ``nn.Linear(37, 53)`` with rank 4, alpha 8 on x of shape (2, 3, 37) and
-    rank 3, alpha 1.5 on x of shape (5, 37): the parameter names and shapes, and that exactly
-    ``lora_A`` and ``lora_B`` require grad; ``lora_B`` zero and ``lora_A`` not constant at
-    initialisation; ``scaling``; the output and the gradients of x, ``lora_A`` and ``lora_B``
-    against a float64 reference (within float32 round-off), at initialisation and after a non-zero
-    ``lora_B`` is loaded with ``load_state_dict(..., strict=False)``; ``merge()`` (an ``nn.Linear``,
-    its weight, bias and output, the base layer bit for bit unchanged); three SGD steps with weight
-    decay, driven by the grader on every tensor of the output's graph that requires grad, and on the
-    base weight and bias, ``lora_A`` and ``lora_B`` whenever they require grad or get a gradient: each
-    step's output must match a frozen-base reference and only ``lora_A`` and ``lora_B`` may move; ranks
-    0, -2 and 2.5 raising ValueError. Each graded cell may use 60 s and 4 GiB.
+    Graded on a float32 ``nn.Linear(37, 53)`` with rank 4, alpha 8 on x of shape (2, 3, 37) and
+    rank 3, alpha 1.5 on x of shape (5, 37), in four cells:
+    - values (test_lora_linear): the parameter names and shapes; ``lora_B`` zero and ``lora_A`` not
+      constant at initialisation; ``scaling``; the output and the gradients of x, ``lora_A`` and
+      ``lora_B`` against a float64 reference (within float32 round-off), at initialisation and after a
+      non-zero ``lora_B`` is loaded with ``load_state_dict(..., strict=False)``; three SGD steps on
+      ``lora_A`` and ``lora_B`` alone, driven by the grader, step by step against the reference;
+    - frozen: exactly ``lora_A`` and ``lora_B`` require grad, no gradient reaches the base; three SGD
+      steps with weight decay, driven by the grader on every tensor of the output's graph that requires
+      grad, and on the base weight and bias, ``lora_A`` and ``lora_B`` whenever they require grad or get
+      a gradient: only ``lora_A`` and ``lora_B`` may move, the given weight and bias stay bit for bit,
+      and each step's output must match the same layer with its base frozen;
+    - merge: ``merge()`` is an ``nn.Linear`` with weight ``W0 + scaling * lora_B @ lora_A``, the base
+      bias, and their output; the base layer bit for bit unchanged;
+    - errors: ranks 1 and 4 accepted; ranks 0, -2, 2.5 and "4" raising a ValueError that names them.
+    Each graded cell may use 60 s and 4 GiB.
     """
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float):
@@ -149,7 +154,7 @@ class LoRALinear(nn.Module):
         ### END SOLUTION
 
 
-# %% test="test_lora_linear" points=5
+# %% test="test_lora_linear" points=2
 torch.manual_seed(0)
 base = nn.Linear(6, 5)
 W0 = base.weight.detach().clone()
@@ -157,9 +162,6 @@ layer = LoRALinear(base, rank=2, alpha=4.0)
 assert layer.base is base, "keep the layer you are given as self.base"
 assert tuple(layer.lora_A.shape) == (2, 6) and tuple(layer.lora_B.shape) == (5, 2), \
     "lora_A is (rank, in_features), lora_B is (out_features, rank)"
-assert not base.weight.requires_grad and not base.bias.requires_grad, "freeze the pretrained layer"
-trainable = sum(p.numel() for p in layer.parameters() if p.requires_grad)
-assert trainable == 2 * (6 + 5), f"{trainable} trainable values, expected rank * (in + out) = 22"
 assert torch.all(layer.lora_B == 0), "B starts at zero, so that the layer starts as the pretrained one"
 assert layer.lora_A.abs().sum() > 0, "A starts random: if A and B are both zero, neither ever gets a gradient"
 assert layer.scaling == 2.0, f"scaling is {layer.scaling}, expected alpha / rank = 4 / 2"
@@ -172,15 +174,40 @@ with torch.no_grad():
 expected = x @ W0.T + base.bias + 2.0 * (x @ layer.lora_A.T) @ layer.lora_B.T
 torch.testing.assert_close(layer(x), expected, msg="y = base(x) + (alpha / rank) (x A^T) B^T")
 layer(x).sum().backward()
-assert base.weight.grad is None, "no gradient may reach the frozen weight"
 assert layer.lora_A.grad is not None and layer.lora_B.grad is not None, "A and B must receive gradients"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch01_lora", "test_lora_linear", globals())
+### END HIDDEN TESTS
 
-merged = layer.merge()
+# %% test="test_lora_linear_frozen" points=1
+torch.manual_seed(0)
+frozen_base = nn.Linear(6, 5)
+frozen_layer = LoRALinear(frozen_base, rank=2, alpha=4.0)
+assert not frozen_base.weight.requires_grad and not frozen_base.bias.requires_grad, "freeze the pretrained layer"
+trainable = sum(p.numel() for p in frozen_layer.parameters() if p.requires_grad)
+assert trainable == 2 * (6 + 5), f"{trainable} trainable values, expected rank * (in + out) = 22"
+frozen_layer(torch.randn(3, 4, 6)).sum().backward()
+assert frozen_base.weight.grad is None, "no gradient may reach the frozen weight"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch01_lora", "test_lora_linear_frozen", globals())
+### END HIDDEN TESTS
+
+# %% test="test_lora_linear_merge" points=1
+merged = layer.merge()  # the layer of the first test, with B = 0.5
 assert type(merged) is nn.Linear and merged is not base, "merge() returns a new nn.Linear"
 torch.testing.assert_close(merged(x), layer(x), msg="the merged layer computes the same function")
+torch.testing.assert_close(merged.weight, W0 + 2.0 * layer.lora_B @ layer.lora_A,
+                           msg="merged weight = W0 + (alpha / rank) B A")
 torch.testing.assert_close(base.weight, W0, msg="merge() must leave the base layer unchanged")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch01_lora", "test_lora_linear_merge", globals())
+### END HIDDEN TESTS
 
-for bad in (0, -1, 2.5):
+# %% test="test_lora_linear_errors" points=1
+for bad in (0, -1, 2.5, "4"):
     try:
         LoRALinear(nn.Linear(6, 5), bad, 1.0)
     except ValueError as e:
@@ -189,7 +216,7 @@ for bad in (0, -1, 2.5):
         raise AssertionError(f"rank={bad!r} should raise ValueError")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
-from grader.api import run_hidden; run_hidden("ch01_lora", "test_lora_linear", globals())
+from grader.api import run_hidden; run_hidden("ch01_lora", "test_lora_linear_errors", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -248,14 +275,20 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets) -> nn.Module:
     Replace a layer with ``model.set_submodule(name, new)``: the grader refuses ``setattr`` and
     ``getattr`` with a computed attribute name.
 
-    Graded on: a transformer-like tree of standard modules (``nn.ModuleDict``/``nn.ModuleList`` of an
-    Embedding, two blocks of LayerNorm, Linears and GELU, a head) with rank 3, alpha 6 and targets
-    ``("qkv", "fc1")``, including a top-level Linear named exactly ``"fc1"`` and an ``nn.Conv1d``
-    named ``"conv.qkv"`` that must stay as it is: which layers are replaced (each keeping the
-    original as ``.base``), the names, shapes and count of the trainable parameters, the scaling,
-    every pretrained value unchanged; then one SGD step with weight decay, driven by the grader, on
-    each original layer reached by its path in the returned model: only the new ``lora_A`` and
-    ``lora_B`` may move and every output stays as before. Each graded cell may use 60 s and 4 GiB.
+    Graded with rank 3 and alpha 6, in three cells:
+    - replaced (test_apply_lora): on a transformer-like tree of standard modules
+      (``nn.ModuleDict``/``nn.ModuleList`` of an Embedding, two blocks of LayerNorm, Linears and GELU,
+      a head) with targets ``("qkv", "fc1")``: which layers are replaced (each keeping the original as
+      ``.base``), the shapes and count of the new parameters, the scaling, every pretrained value and
+      every layer's output unchanged;
+    - frozen: on the same tree, the only parameters that require grad are the ``lora_A`` and
+      ``lora_B`` of the replaced layers; then one SGD step with weight decay, driven by the grader, on
+      each original layer reached by its path in the returned model: nothing else may move;
+    - edge cases: targets given as a list with a dotted target, ``["attn.qkv", "fc1"]``: a top-level
+      Linear named exactly ``"fc1"`` and ``blocks.0.attn.qkv`` are replaced; an ``nn.Conv1d`` named
+      ``"attn.qkv"``, and Linears whose names only end with the same letters (``"mlp.myfc1"``,
+      ``"self_attn.qkv"``), stay as they are.
+    Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     targets = tuple(targets)
@@ -269,7 +302,7 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets) -> nn.Module:
     ### END SOLUTION
 
 
-# %% test="test_apply_lora" points=4
+# %% test="test_apply_lora" points=2
 from coursekit.transformer import GPTConfig, TinyGPT
 
 torch.manual_seed(0)
@@ -281,14 +314,35 @@ assert out is tiny, "return the model you modified"
 wrapped = sorted(n for n, m in tiny.named_modules() if isinstance(m, LoRALinear))
 assert wrapped == ["blocks.0.attn.qkv", "blocks.0.mlp.fc1", "blocks.1.attn.qkv", "blocks.1.mlp.fc1"], wrapped
 assert isinstance(tiny.lm_head, nn.Linear) and not isinstance(tiny.lm_head, LoRALinear), "the head is not a target"
-trainable = {n: p.numel() for n, p in tiny.named_parameters() if p.requires_grad}
-assert all(n.endswith(("lora_A", "lora_B")) for n in trainable), f"only LoRA trains, not {sorted(trainable)}"
-expected = 2 * 2 * ((16 + 48) + (16 + 64))  # layers x rank x (in + out), for qkv and fc1
-assert sum(trainable.values()) == expected, f"{sum(trainable.values())} trainable values, expected {expected}"
 torch.testing.assert_close(tiny(idx), before, msg="at initialisation the model must not change")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch01_lora", "test_apply_lora", globals())
+### END HIDDEN TESTS
+
+# %% test="test_apply_lora_frozen" points=1
+trainable = {n: p.numel() for n, p in tiny.named_parameters() if p.requires_grad}  # the model of the first test
+assert all(n.endswith(("lora_A", "lora_B")) for n in trainable), f"only LoRA trains, not {sorted(trainable)}"
+expected = 2 * 2 * ((16 + 48) + (16 + 64))  # layers x rank x (in + out), for qkv and fc1
+assert sum(trainable.values()) == expected, f"{sum(trainable.values())} trainable values, expected {expected}"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch01_lora", "test_apply_lora_frozen", globals())
+### END HIDDEN TESTS
+
+# %% test="test_apply_lora_edge_cases" points=1
+torch.manual_seed(0)
+edge = nn.ModuleDict({"fc1": nn.Linear(4, 3),  # a top-level name equal to a target
+                      "attn": nn.ModuleDict({"qkv": nn.Conv1d(4, 4, 1)}),  # named like a target, not a Linear
+                      "block": nn.ModuleDict({"attn": nn.ModuleDict({"qkv": nn.Linear(4, 12)}),
+                                              "myfc1": nn.Linear(4, 4)})})  # only the letters match "fc1"
+apply_lora(edge, rank=2, alpha=4.0, targets=["attn.qkv", "fc1"])  # a list, and a target with a dot
+wrapped = sorted(n for n, m in edge.named_modules() if isinstance(m, LoRALinear))
+assert wrapped == ["block.attn.qkv", "fc1"], wrapped
+assert isinstance(edge.attn.qkv, nn.Conv1d), "only nn.Linear layers are replaced"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch01_lora", "test_apply_lora_edge_cases", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -314,12 +368,14 @@ class Adapter(nn.Module):
 
     forward(x): x of shape (..., dim) -> (..., dim).
 
-    Graded on: ``Adapter(37, 5)`` on float32 x of shape (2, 3, 37): the parameter names and shapes,
-    all four trainable; ``up`` all zero and the weight of ``down`` not constant at initialisation;
-    at initialisation the output (x itself) and the gradients of x, of ``up`` and of the weight of
-    ``down``; then, after a non-zero weight and bias of ``up`` are loaded with
-    ``load_state_dict(..., strict=False)``, the output and every gradient against a float64
-    reference with the exact GELU (within float32 round-off). Each graded cell may use 60 s and 4 GiB.
+    Graded on ``Adapter(37, 5)`` and float32 x of shape (2, 3, 37), in two cells:
+    - values (test_adapter): the parameter names and shapes, all four trainable; the gradients of
+      ``up`` and of the weight of ``down`` at initialisation; then, after a non-zero weight and bias of
+      ``up`` are loaded with ``load_state_dict(..., strict=False)``, the output and every gradient
+      against a float64 reference with the exact GELU (within float32 round-off);
+    - init: ``up`` all zero and the weight of ``down`` not constant at initialisation; the output at
+      initialisation (x itself) and the gradient of x (the output gradient itself).
+    Each graded cell may use 60 s and 4 GiB.
     """
 
     def __init__(self, dim: int, bottleneck: int):
@@ -337,24 +393,33 @@ class Adapter(nn.Module):
         ### END SOLUTION
 
 
-# %% test="test_adapter" points=3
+# %% test="test_adapter" points=2
 torch.manual_seed(0)
 adapter = Adapter(12, 3)
 assert tuple(adapter.down.weight.shape) == (3, 12) and tuple(adapter.up.weight.shape) == (12, 3), \
     "down: dim -> bottleneck, up: bottleneck -> dim"
-assert torch.all(adapter.up.weight == 0) and torch.all(adapter.up.bias == 0), "zero-initialise up"
+assert sum(p.numel() for p in adapter.parameters()) == 2 * 12 * 3 + 3 + 12, "2·d·m + m + d parameters"
 x = torch.randn(2, 5, 12, requires_grad=True)
-y = adapter(x)
-torch.testing.assert_close(y, x, msg="a new adapter is the identity")
-y.sum().backward()
+adapter(x).sum().backward()
 assert adapter.up.weight.grad.abs().sum() > 0, "at step 0, up gets a gradient (and down does once up moves)"
 with torch.no_grad():
     adapter.up.weight.fill_(0.1)
 torch.testing.assert_close(adapter(x), x + adapter.up(F.gelu(adapter.down(x))), msg="x + up(GELU(down(x)))")
-assert sum(p.numel() for p in adapter.parameters()) == 2 * 12 * 3 + 3 + 12, "2·d·m + m + d parameters"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch01_lora", "test_adapter", globals())
+### END HIDDEN TESTS
+
+# %% test="test_adapter_init" points=1
+torch.manual_seed(0)
+fresh = Adapter(12, 3)
+assert torch.all(fresh.up.weight == 0) and torch.all(fresh.up.bias == 0), "zero-initialise up"
+assert fresh.down.weight.std() > 0, "keep nn.Linear's random initialisation for down"
+x = torch.randn(2, 5, 12)
+torch.testing.assert_close(fresh(x), x, msg="a new adapter is the identity")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch01_lora", "test_adapter_init", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]

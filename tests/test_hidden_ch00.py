@@ -1,5 +1,8 @@
-"""The hidden test of ch00_memory accepts a correct predictor and rejects plausible wrong ones."""
+"""The hidden tests of ch00_memory accept a correct predictor and reject plausible wrong ones, each in the
+cell of the property it gets wrong while the other cells still pass (partial credit)."""
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -155,45 +158,101 @@ def assigns_a_state_dict(model, batch_size, optimizer):
     return {**state, "activations": measure_training_step(model, batch_size).activation_bytes}
 
 
+def raises_key_error(model, batch_size, optimizer):
+    """Looks the optimizer up without checking it: an unknown one raises KeyError."""
+    copies = {"sgd": 0, "momentum": 1, "adam": 2}[optimizer]
+    params = sum(p.numel() * 4 for p in model.parameters())
+    return {"params": params, "grads": params, "optimizer_state": copies * params,
+            "activations": 4 * batch_size * _saved_values(model)}
+
+
+def error_without_names(model, batch_size, optimizer):
+    """Raises a ValueError that names neither the bad value nor the allowed ones."""
+    if optimizer not in COPIES:
+        raise ValueError("unknown optimizer")
+    return correct(model, batch_size, optimizer)
+
+
+def always_raises_value_error(model, batch_size, optimizer):
+    """Only the error path written: every call raises the right ValueError."""
+    raise ValueError(f"unknown optimizer {optimizer!r}: expected one of 'sgd', 'momentum', 'adam'")
+
+
+def activations_for_one_example(model, batch_size, optimizer):
+    return {**_state(model, optimizer), "activations": 4 * _saved_values(model)}
+
+
+def only_checks_the_optimizer(model, batch_size, optimizer):
+    """The optimizer check is written, the rest is not yet."""
+    if optimizer not in COPIES:
+        raise ValueError(f"unknown optimizer {optimizer!r}: expected one of 'sgd', 'momentum', 'adam'")
+    raise NotImplementedError
+
+
+ACTIVATIONS, STATE, ERRORS = ("test_predict_training_memory", "test_predict_training_memory_model_state",
+                              "test_predict_training_memory_errors")
+IDS = (ACTIVATIONS, STATE, ERRORS)
+RAN = "without running anything"
+
+# name: (implementation, {grade_id of each cell it must fail: a phrase its failure message contains});
+# every other cell must pass.
 WRONG = {
-    "runs_the_step_instead": (runs_the_step_instead, "without running anything"),
-    "materialises_with_to_empty": (materialises_with_to_empty, "without running anything"),
-    "swaps_in_real_weights": (swaps_in_real_weights, "without running anything"),
-    "assigns_a_state_dict": (assigns_a_state_dict, "without running anything"),
-    # name: (implementation, a phrase the failure message must contain)
-    "counts_linear_outputs_too": (counts_linear_outputs_too, "ReLU"),
-    "forgets_the_loss": (forgets_the_loss, "target"),
-    "counts_shared_storage_twice": (counts_shared_storage_twice, "counted once"),
-    "forgets_first_input": (forgets_first_input, "saves its input x"),
-    "leading_relu_saves_x": (leading_relu_saves_x, "before the first Linear"),
-    "relu_runs_counted_once": (relu_runs_counted_once, "two ReLUs in a row"),
-    "counts_elements_not_bytes": (counts_elements_not_bytes, "4 bytes"),
-    "adam_one_copy": (adam_one_copy, "Adam keeps two moments"),
-    "momentum_without_state": (momentum_without_state, "velocity"),
-    "params_without_biases": (params_without_biases, "biases"),
-    "no_value_error": (no_value_error, "ValueError"),
-    "returns_a_tuple": (returns_a_tuple, "got a tuple"),
-    "misses_a_key": (misses_a_key, "optimizer_state"),
-    "returns_a_module": (returns_a_module, "not plain data"),
+    "runs_the_step_instead": (runs_the_step_instead, {ACTIVATIONS: RAN, STATE: RAN}),
+    "materialises_with_to_empty": (materialises_with_to_empty, {ACTIVATIONS: RAN, STATE: RAN, ERRORS: "RuntimeError"}),
+    "swaps_in_real_weights": (swaps_in_real_weights, {ACTIVATIONS: RAN, STATE: RAN}),
+    "assigns_a_state_dict": (assigns_a_state_dict, {ACTIVATIONS: RAN, STATE: RAN}),
+    "counts_linear_outputs_too": (counts_linear_outputs_too, {ACTIVATIONS: "ReLU"}),
+    "forgets_the_loss": (forgets_the_loss, {ACTIVATIONS: "target"}),
+    "counts_shared_storage_twice": (counts_shared_storage_twice, {ACTIVATIONS: "counted once"}),
+    "forgets_first_input": (forgets_first_input, {ACTIVATIONS: "saves its input x"}),
+    "leading_relu_saves_x": (leading_relu_saves_x, {ACTIVATIONS: "before the first Linear"}),
+    "relu_runs_counted_once": (relu_runs_counted_once, {ACTIVATIONS: "two ReLUs in a row"}),
+    "counts_elements_not_bytes": (counts_elements_not_bytes, {ACTIVATIONS: "Bytes, not elements"}),
+    "activations_for_one_example": (activations_for_one_example, {ACTIVATIONS: "multiply by batch_size"}),
+    "adam_one_copy": (adam_one_copy, {STATE: "Adam keeps two moments"}),
+    "momentum_without_state": (momentum_without_state, {STATE: "velocity"}),
+    "params_without_biases": (params_without_biases, {STATE: "biases"}),
+    "no_value_error": (no_value_error, {ERRORS: "returned a result"}),
+    "raises_key_error": (raises_key_error, {ERRORS: "raised KeyError"}),
+    "error_without_names": (error_without_names, {ERRORS: "does not name 'rmsprop', 'sgd', 'momentum', 'adam'"}),
+    "always_raises_value_error": (always_raises_value_error,
+                                  {ACTIVATIONS: None, STATE: None, ERRORS: "are the valid optimizers"}),
+    "only_checks_the_optimizer": (only_checks_the_optimizer, {ACTIVATIONS: None, STATE: None}),
+    "returns_a_tuple": (returns_a_tuple, {ACTIVATIONS: "got a tuple", STATE: "got a tuple"}),
+    "misses_a_key": (misses_a_key, {STATE: "optimizer_state"}),
+    "returns_a_module": (returns_a_module, {ACTIVATIONS: "not plain data", STATE: "not plain data",
+                                         ERRORS: "returned a result"}),
 }
 
 
-def _run(fn):
-    checks_for("ch00_memory")["test_predict_training_memory"](LocalNamespace({"predict_training_memory": fn}))
+def _run(fn, grade_id):
+    checks_for("ch00_memory")[grade_id](LocalNamespace({"predict_training_memory": fn}))
 
 
-def test_correct_predictor_passes():
-    _run(correct)
+def test_every_grade_id_has_a_check():
+    assert sorted(checks_for("ch00_memory")) == sorted(IDS)
+
+
+@pytest.mark.parametrize("grade_id", IDS)
+def test_correct_predictor_passes(grade_id):
+    _run(correct, grade_id)
 
 
 @pytest.mark.parametrize("name", sorted(WRONG))
-def test_wrong_predictor_fails(name):
-    fn, phrase = WRONG[name]
-    with pytest.raises(AssertionError) as info:
-        _run(fn)
-    assert phrase in str(info.value), str(info.value)
+def test_wrong_predictor_fails_its_cells_only(name):
+    fn, fails = WRONG[name]
+    for grade_id in IDS:
+        if grade_id not in fails:
+            _run(fn, grade_id)  # partial credit: the properties it gets right still score
+            continue
+        phrase = fails[grade_id]
+        with pytest.raises(AssertionError if phrase else Exception) as info:
+            _run(fn, grade_id)
+        if phrase:
+            assert re.search(phrase, str(info.value)), str(info.value)
 
 
 def test_missing_function_is_reported():
-    with pytest.raises(NameError, match="predict_training_memory"):
-        checks_for("ch00_memory")["test_predict_training_memory"](LocalNamespace({}))
+    for grade_id in IDS:
+        with pytest.raises(NameError, match="predict_training_memory"):
+            checks_for("ch00_memory")[grade_id](LocalNamespace({}))

@@ -1,4 +1,5 @@
-"""The hidden tests of chapter 1 accept a correct implementation and reject plausible wrong ones.
+"""The hidden tests of chapter 1 accept correct implementations and reject plausible wrong ones, each in
+the cell of the property it gets wrong while the exercise's other cells still pass (partial credit).
 
 The implementations here are written independently of solutions/ch01_lora.py, so that a bug
 shared by the solution and its hidden tests cannot hide.
@@ -42,15 +43,27 @@ class LoRALinear(nn.Module):
         return merged
 
 
-def make_apply_lora(lora_cls=LoRALinear, only_targets=True, freeze=True):
+MATCH = {
+    "correct": lambda name, targets: any(name == t or name.endswith("." + t) for t in targets),
+    "last_part": lambda name, targets: name.rsplit(".", 1)[-1] in targets,  # a dotted target never matches
+    "letters": lambda name, targets: any(name.endswith(t) for t in targets),  # "myfc1" matches "fc1"
+    "dotted_only": lambda name, targets: any(name.endswith("." + t) for t in targets),  # a top-level "fc1" does not
+    "str_endswith": lambda name, targets: name.endswith(targets),  # TypeError for a list
+}
+
+
+def make_apply_lora(lora_cls=LoRALinear, only_targets=True, freeze=True, match="correct", linear_only=True,
+                    freeze_after=False):
     def apply_lora(model, rank, alpha, targets):
         if freeze:
             for p in model.parameters():
                 p.requires_grad_(False)
         for name, module in list(model.named_modules()):
-            hit = any(name == t or name.endswith("." + t) for t in targets)
-            if isinstance(module, nn.Linear) and (hit or not only_targets):
+            hit = bool(name) and MATCH[match](name, targets)
+            if (isinstance(module, nn.Linear) or not linear_only) and (hit or (not only_targets and name)):
                 model.set_submodule(name, lora_cls(module, rank, alpha))
+        if freeze_after:
+            model.requires_grad_(False)
         return model
     return apply_lora
 
@@ -213,12 +226,6 @@ class AdapterBothZero(Adapter):
         nn.init.zeros_(self.down.weight)
 
 
-def test_correct_implementation_passes():
-    ns = namespace()
-    for grade_id in ("test_lora_linear", "test_apply_lora", "test_adapter"):
-        CHECKS[grade_id](ns)
-
-
 class FusedForward(LoRALinear):
     """Also correct: forms W0 + s·BA in forward (slower, different rounding)."""
 
@@ -250,89 +257,181 @@ def apply_lora_recursive(model, rank, alpha, targets, prefix=""):
     return model
 
 
-def test_other_correct_implementations_pass():
-    ns = namespace(LoRALinear=FusedForward, Adapter=AdapterWithModules, apply_lora=apply_lora_recursive)
-    for grade_id in ("test_lora_linear", "test_apply_lora", "test_adapter"):
-        CHECKS[grade_id](ns)
+# --- more plausible wrong implementations ---------------------------------------------------------
+class InputDetachedInUpdate(LoRALinear):
+    """Right output, but the input gradient misses the low-rank path."""
+
+    def forward(self, x):
+        return self.base(x) + self.scaling * (x.detach() @ self.lora_A.T) @ self.lora_B.T
+
+
+class ADetached(LoRALinear):
+    """Right output, but lora_A never gets a gradient."""
+
+    def forward(self, x):
+        return self.base(x) + self.scaling * (x @ self.lora_A.detach().T) @ self.lora_B.T
+
+
+class MergeReturnsWeight(LoRALinear):
+    def merge(self):
+        return (self.base.weight + self.scaling * self.lora_B @ self.lora_A).detach()
+
+
+class MergeWithoutUpdate(LoRALinear):
+    """Copies the base layer and forgets the low-rank update."""
+
+    def merge(self):
+        merged = nn.Linear(self.base.in_features, self.base.out_features)
+        merged.load_state_dict(self.base.state_dict())
+        return merged
+
+
+class MergeForgetsBias(LoRALinear):
+    """Copies the merged weight and leaves the new layer's bias at its random initialisation."""
+
+    def merge(self):
+        merged = nn.Linear(self.base.in_features, self.base.out_features)
+        with torch.no_grad():
+            merged.weight.copy_(self.base.weight + self.scaling * self.lora_B @ self.lora_A)
+        return merged
+
+
+class MessageWithoutRank(LoRALinear):
+    def __init__(self, base, rank, alpha):
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise ValueError("invalid rank")
+        super().__init__(base, rank, alpha)
+
+
+class ComparesBeforeTypeCheck(LoRALinear):
+    """A string rank reaches the comparison and raises TypeError."""
+
+    def __init__(self, base, rank, alpha):
+        if rank < 1 or rank != int(rank):
+            raise ValueError(f"rank must be a positive integer, got {rank!r}")
+        super().__init__(base, rank, alpha)
+
+
+class RefusesRankOne(LoRALinear):
+    def __init__(self, base, rank, alpha):
+        if isinstance(rank, int) and rank == 1:
+            raise ValueError(f"rank must be a positive integer above 1, got {rank!r}")
+        super().__init__(base, rank, alpha)
+
+
+class AdapterTanhGELU(Adapter):
+    def forward(self, x):
+        return x + self.up(F.gelu(self.down(x), approximate="tanh"))
+
+
+class AdapterFrozenDown(Adapter):
+    def __init__(self, dim, bottleneck):
+        super().__init__(dim, bottleneck)
+        self.down.requires_grad_(False)
+
+
+def apply_lora_shadowed_listing(model, rank, alpha, targets):
+    """Freezes nothing and lists every parameter but lora_A/lora_B as a detached view."""
+    model = make_apply_lora(freeze=False)(model, rank, alpha, targets)
+    honest = model.named_parameters
+
+    def listing(*args, **kwargs):
+        for name, p in honest(*args, **kwargs):
+            yield name, (p if name.endswith(("lora_A", "lora_B")) else p.detach())
+
+    model.named_parameters = listing
+    return model
+
+
+# --- tests -------------------------------------------------------------------------------------------
+LORA_IDS = ("test_lora_linear", "test_lora_linear_frozen", "test_lora_linear_merge", "test_lora_linear_errors")
+APPLY_IDS = ("test_apply_lora", "test_apply_lora_frozen", "test_apply_lora_edge_cases")
+ADAPTER_IDS = ("test_adapter", "test_adapter_init")
+IDS = {"LoRALinear": LORA_IDS, "apply_lora": APPLY_IDS, "Adapter": ADAPTER_IDS}
+VALUES, FROZEN, MERGE, ERRORS = LORA_IDS
+REPLACED, FREEZES, EDGES = APPLY_IDS
+ADAPTER, INIT = ADAPTER_IDS
+
+
+def _expect(exercise: str, wrong, fails: dict) -> None:
+    """``wrong`` fails each cell of ``fails`` with a message matching its pattern and passes the exercise's others."""
+    ns = namespace(**{exercise: wrong})
+    for grade_id in IDS[exercise]:
+        if grade_id not in fails:
+            CHECKS[grade_id](ns)  # partial credit: the properties it gets right still score
+            continue
+        with pytest.raises(AssertionError, match=fails[grade_id]):
+            CHECKS[grade_id](ns)
 
 
 def test_every_grade_id_has_a_check():
-    assert sorted(CHECKS) == ["test_adapter", "test_apply_lora", "test_lora_linear"]
+    assert sorted(CHECKS) == sorted(LORA_IDS + APPLY_IDS + ADAPTER_IDS)
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (ScaledByAlpha, "alpha / rank"),
-    (ScaleOnlyInForward, "alpha / rank"),
-    (RandomB, "lora_B is not zero"),
-    (BothZero, "lora_A is constant"),
-    (MergeWithoutScaling, "forget the scaling"),
-    (MergeInPlace, "base"),
-    (BaseNotFrozen, "frozen"),
-    (BaseDetachedButTrainable, "requires_grad=True"),
-    (BaseListedAsFrozen, "the tensors that train are .*base.weight"),
-    (NoRankCheck, "ValueError"),
-    (FloatRankAccepted, "ValueError"),
-    (FreshBase, "wrap the layer you are given"),
-])
-def test_lora_linear_rejects(wrong, message):
-    with pytest.raises(AssertionError, match=message):
-        CHECKS["test_lora_linear"](namespace(LoRALinear=wrong))
+@pytest.mark.parametrize("grade_id", LORA_IDS + APPLY_IDS + ADAPTER_IDS)
+def test_correct_implementation_passes(grade_id):
+    CHECKS[grade_id](namespace())
 
 
-@pytest.mark.parametrize("apply_lora, message", [
-    (make_apply_lora(only_targets=False), "the layers replaced"),
-    (make_apply_lora(freeze=False), "trainable parameters"),
-    (make_apply_lora(lora_cls=lambda m, r, a: LoRALinear(m, r + 1, a)), "pass rank on"),
-    (make_apply_lora(lora_cls=lambda m, r, a: LoRALinear(m, r, 1.0)), "pass rank and alpha on"),
-])
-def test_apply_lora_rejects(apply_lora, message):
-    with pytest.raises(AssertionError, match=message):
-        CHECKS["test_apply_lora"](namespace(apply_lora=apply_lora))
+@pytest.mark.parametrize("grade_id", LORA_IDS + APPLY_IDS + ADAPTER_IDS)
+def test_other_correct_implementations_pass(grade_id):
+    ns = namespace(LoRALinear=FusedForward, Adapter=AdapterWithModules, apply_lora=apply_lora_recursive)
+    CHECKS[grade_id](ns)
 
 
-def test_apply_lora_rejects_a_shadowed_parameter_listing():
-    """Freezes nothing and lists every parameter but lora_A/lora_B as a detached view."""
-
-    def apply_lora(model, rank, alpha, targets):
-        model = make_apply_lora(freeze=False)(model, rank, alpha, targets)
-        honest = model.named_parameters
-
-        def listing(*args, **kwargs):
-            for name, p in honest(*args, **kwargs):
-                yield name, (p if name.endswith(("lora_A", "lora_B")) else p.detach())
-
-        model.named_parameters = listing
-        return model
-
-    with pytest.raises(AssertionError, match="tensors that train"):
-        CHECKS["test_apply_lora"](namespace(apply_lora=apply_lora))
-
-
-def test_apply_lora_rejects_name_only_matching():
-    """Replacing every module whose name matches, whatever its type, wraps a Conv1d too."""
-
-    def apply_lora(model, rank, alpha, targets):
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for name, module in list(model.named_modules()):
-            if name and name.endswith(tuple(targets)) and hasattr(module, "weight"):
-                wrapped = LoRALinear(nn.Linear(1, 1), rank, alpha)
-                wrapped.base = module
-                model.set_submodule(name, wrapped)
-        return model
-
-    with pytest.raises(AssertionError, match="the layers replaced"):
-        CHECKS["test_apply_lora"](namespace(apply_lora=apply_lora))
+@pytest.mark.parametrize("wrong, fails", [
+    (ScaledByAlpha, {VALUES: "alpha / rank"}),
+    (ScaleOnlyInForward, {VALUES: "alpha / rank"}),
+    (RandomB, {VALUES: "lora_B is not zero"}),
+    (BothZero, {VALUES: "lora_A is constant"}),
+    (FreshBase, {VALUES: "wrap the layer you are given", FROZEN: "the tensors that train are .*base.weight"}),
+    (InputDetachedInUpdate, {VALUES: "the gradient of the input .*the output is right but the input gradient"}),
+    (ADetached, {VALUES: "lora_A at initialisation is None: no gradient reached it"}),
+    (BaseNotFrozen, {FROZEN: "base.weight has requires_grad=True"}),
+    (BaseDetachedButTrainable, {VALUES: "the input gradient .*not by cutting the graph", FROZEN: "requires_grad=True"}),
+    (BaseListedAsFrozen, {FROZEN: "the tensors that train are .*base.weight"}),
+    (MergeWithoutScaling, {MERGE: "forget the scaling"}),
+    (MergeInPlace, {MERGE: "leave the frozen base weight unchanged"}),
+    (MergeReturnsWeight, {MERGE: "returned a torch.Tensor, expected an nn.Linear"}),
+    (MergeForgetsBias, {MERGE: "keeps the base layer's bias"}),
+    (MergeWithoutUpdate, {MERGE: "the merged weight is W0 alone"}),
+    (NoRankCheck, {ERRORS: "rank=0.*returned a layer"}),
+    (FloatRankAccepted, {ERRORS: "rank=2.5.*returned a layer"}),
+    (MessageWithoutRank, {ERRORS: "does not name the refused rank"}),
+    (ComparesBeforeTypeCheck, {ERRORS: "raised TypeError.*Check the type first"}),
+    (RefusesRankOne, {ERRORS: "rank=1.*every positive integer is a valid rank"}),
+], ids=lambda v: v.__name__ if isinstance(v, type) else "")
+def test_lora_linear_rejects(wrong, fails):
+    _expect("LoRALinear", wrong, fails)
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (AdapterUpRandom, "zero-initialise up"),
-    (AdapterUpBiasOnlyZero, "zero-initialise up"),
-    (AdapterNoResidual, "residual"),
-    (AdapterReLU, "GELU"),
-    (AdapterDownZero, "zero-initialise up"),
-    (AdapterBothZero, "down.weight is constant"),
-])
-def test_adapter_rejects(wrong, message):
-    with pytest.raises(AssertionError, match=message):
-        CHECKS["test_adapter"](namespace(Adapter=wrong))
+@pytest.mark.parametrize("wrong, fails", [
+    (make_apply_lora(only_targets=False), {REPLACED: "the layers replaced", EDGES: "the head is not a target"}),
+    (make_apply_lora(freeze=False), {FREEZES: "trainable parameters"}),
+    (make_apply_lora(freeze_after=True), {FREEZES: "trainable parameters"}),
+    (apply_lora_shadowed_listing, {FREEZES: "tensors that train"}),
+    (make_apply_lora(lora_cls=lambda m, r, a: LoRALinear(m, r + 1, a)), {REPLACED: "pass rank on"}),
+    (make_apply_lora(lora_cls=lambda m, r, a: LoRALinear(m, r, 1.0)), {REPLACED: "pass rank and alpha on"}),
+    (make_apply_lora(match="last_part"), {EDGES: "a target may hold dots"}),
+    (make_apply_lora(match="letters"), {EDGES: "only ends with the letters"}),
+    (make_apply_lora(match="dotted_only"), {EDGES: "named exactly 'fc1'"}),
+    (make_apply_lora(match="str_endswith"), {EDGES: "str.endswith takes a str or a tuple"}),
+    (make_apply_lora(linear_only=False), {EDGES: "Only nn.Linear layers are replaced"}),
+], ids=["all_linears", "no_freeze", "freezes_lora_too", "shadowed_listing", "rank_plus_one", "alpha_one",
+        "last_part", "letters", "dotted_only", "str_endswith", "any_module_type"])
+def test_apply_lora_rejects(wrong, fails):
+    _expect("apply_lora", wrong, fails)
+
+
+@pytest.mark.parametrize("wrong, fails", [
+    (AdapterUpRandom, {INIT: "zero-initialise up"}),
+    (AdapterUpBiasOnlyZero, {INIT: "zero-initialise up"}),
+    (AdapterNoResidual, {ADAPTER: "residual", INIT: "residual"}),
+    (AdapterReLU, {ADAPTER: "GELU"}),
+    (AdapterTanhGELU, {ADAPTER: r"GELU \(nn.GELU\(\), exact\)"}),
+    (AdapterFrozenDown, {ADAPTER: "down.weight is frozen"}),
+    (AdapterDownZero, {INIT: "zero-initialise up"}),
+    (AdapterBothZero, {INIT: "down.weight is constant"}),
+], ids=lambda v: v.__name__ if isinstance(v, type) else "")
+def test_adapter_rejects(wrong, fails):
+    _expect("Adapter", wrong, fails)

@@ -1,4 +1,12 @@
-"""Hidden tests of ch00_memory: ``predict_training_memory``.
+"""Hidden tests of ch00_memory: ``predict_training_memory``, by property, one graded cell each.
+
+- activations (``test_predict_training_memory``): the "activations" entry against what autograd really
+  saved in the step, measured here; failures that are the right count in elements (not bytes) or for
+  one example (not the batch) are named as such.
+- model state: "params", "grads" and "optimizer_state" against ``coursekit.memory.model_state_bytes``,
+  every optimizer on every hand-made stack.
+- errors: the three optimizer names are not refused; "rmsprop" raises a ValueError whose message names
+  it and the allowed ones.
 
 The truth is measured here, judge-side, with ``coursekit.steps.measure_training_step`` (what
 autograd really saved) and ``coursekit.memory.model_state_bytes``; the student's function
@@ -118,7 +126,8 @@ def _as_number(value, name: str, where: str) -> int | float:
     return value
 
 
-def _call(nb, model: nn.Sequential, batch_size: int, optimizer: str) -> dict:
+def _call(nb, model: nn.Sequential, batch_size: int, optimizer: str, keys: tuple = KEYS) -> dict:
+    """The student's prediction on an unrunnable copy of ``model``: the entries ``keys`` as numbers."""
     where = f"for {_describe(model)}, batch size {batch_size}, optimizer {optimizer!r}"
     try:
         # Shapes without data, refusing to run or materialise: the student must predict, not run the step.
@@ -139,66 +148,109 @@ def _call(nb, model: nn.Sequential, batch_size: int, optimizer: str) -> dict:
         raise AssertionError(
             f"predict_training_memory should return a dict with keys {list(KEYS)} {where}, "
             f"got a {type(result).__name__}.")
-    missing = [k for k in KEYS if k not in result]
+    missing = [k for k in keys if k not in result]
     if missing:
         raise AssertionError(
             f"the dict returned {where} lacks the key(s) {missing}: it needs all of {list(KEYS)} "
             f"(got {sorted(result)}).")
-    return {k: _as_number(result[k], f'result["{k}"]', where) for k in KEYS}
+    return {k: _as_number(result[k], f'result["{k}"]', where) for k in keys}
 
 
-def _check_one(nb, model: nn.Sequential, batch_size: int, optimizer: str, act_hint: str) -> None:
-    # The truth is taken before the student's function sees (a copy of) the model.
-    truth = dict(model_state_bytes(model, optimizer))
+def _where(model: nn.Sequential, batch_size: int, optimizer: str) -> str:
+    return f"for {_describe(model)} at batch size {batch_size} with {optimizer!r}"
+
+
+def _check_activations(nb, model: nn.Sequential, batch_size: int, optimizer: str, act_hint: str) -> None:
+    # The truth is measured before the student's function sees (a copy of) the model.
     measured = measure_training_step(model, batch_size)
-    truth["activations"] = measured.activation_bytes
-    got = _call(nb, model, batch_size, optimizer)
-    where = f'for {_describe(model)} at batch size {batch_size} with {optimizer!r}'
+    truth = measured.activation_bytes
+    got = _call(nb, model, batch_size, optimizer, ("activations",))["activations"]
+    if got == truth:
+        return
+    diff = got - truth
+    saved = ", ".join(str(tuple(s.shape)) for s in measured.saved if not s.is_state)
+    detail = (f"You are off by {diff:+,} bytes = {diff / 4 / batch_size:+g} fp32 values per example. "
+              f"Autograd saved these activation storages: {saved}.")
+    if got * 4 == truth:  # the right count of values, not of bytes
+        act_hint = "Bytes, not elements: an fp32 value takes 4 bytes."
+    elif batch_size > 1 and got * batch_size == truth:  # one example's worth
+        act_hint = ("Activations grow with the batch: every saved tensor has one row per example, so "
+                    "multiply by batch_size.")
+    check_equal(got, truth, f'result["activations"] {_where(model, batch_size, optimizer)}', f"{act_hint} {detail}")
+
+
+def _check_state(nb, model: nn.Sequential, batch_size: int, optimizer: str) -> None:
+    truth = model_state_bytes(model, optimizer)  # before the student's function sees (a copy of) the model
+    got = _call(nb, model, batch_size, optimizer, KEYS[:3])
+    where = _where(model, batch_size, optimizer)
     for key in ("params", "grads"):
         check_equal(got[key], truth[key], f'result["{key}"] {where}', STATE_HINTS[key])
     check_equal(got["optimizer_state"], truth["optimizer_state"], f'result["optimizer_state"] {where}',
                 OPTIMIZER_HINTS[optimizer])
-    if got["activations"] != truth["activations"]:
-        diff = got["activations"] - truth["activations"]
-        per_example = diff / 4 / batch_size
-        saved = ", ".join(str(tuple(s.shape)) for s in measured.saved if not s.is_state)
-        detail = (f"You are off by {diff:+,} bytes = {per_example:+g} fp32 values per example. "
-                  f"Autograd saved these activation storages: {saved}.")
-        if got["activations"] * 4 == truth["activations"]:
-            detail += " Bytes, not elements: an fp32 value takes 4 bytes."
-        check_equal(got["activations"], truth["activations"], f'result["activations"] {where}',
-                    f"{act_hint} {detail}")
+
+
+def _random_cases() -> list[tuple[nn.Sequential, int, str]]:
+    """Random stacks, fixed seed: (model, batch size, optimizer)."""
+    rng = random.Random(2020)
+    cases = []
+    for i in range(12):
+        in_features, layers = _random_layers(rng)
+        model = _build(in_features, layers, seed=200 + i)
+        cases.append((model, rng.choice((1, 2, 9, 24)), rng.choice(OPTIMIZERS)))
+    return cases
 
 
 @hidden_test("test_predict_training_memory")
 def check_predict_training_memory(nb):
+    """The "activations" entry: exactly what autograd saves in the step."""
     # Hand-picked cases, one concept each, every optimizer and a batch of 1 among them.
     for i, (hint, in_features, layers) in enumerate(CASES):
         model = _build(in_features, layers, seed=100 + i)
-        _check_one(nb, model, BATCHES[i % len(BATCHES)], OPTIMIZERS[i % len(OPTIMIZERS)], hint)
+        _check_activations(nb, model, BATCHES[i % len(BATCHES)], OPTIMIZERS[i % len(OPTIMIZERS)], hint)
+    for model, batch_size, optimizer in _random_cases():
+        _check_activations(nb, model, batch_size, optimizer, GENERIC_ACT_HINT)
 
+
+@hidden_test("test_predict_training_memory_model_state")
+def check_model_state(nb):
+    """"params", "grads" and "optimizer_state" for every optimizer."""
+    for i, (_hint, in_features, layers) in enumerate(CASES):
+        model = _build(in_features, layers, seed=100 + i)
+        for optimizer in OPTIMIZERS:
+            _check_state(nb, model, BATCHES[i % len(BATCHES)], optimizer)
     # One model, every optimizer: only the optimizer state may change.
     model = _build(37, [("L", 53, True), ("R",), ("L", 11, False)], seed=7)
     for optimizer in OPTIMIZERS:
-        _check_one(nb, model, 5, optimizer, CASES[2][0])
+        _check_state(nb, model, 5, optimizer)
+    for model, batch_size, optimizer in _random_cases():
+        _check_state(nb, model, batch_size, optimizer)
 
-    # Random stacks, fixed seed.
-    rng = random.Random(2020)
-    for i in range(12):
-        in_features, layers = _random_layers(rng)
-        model = _build(in_features, layers, seed=200 + i)
-        _check_one(nb, model, rng.choice((1, 2, 9, 24)), rng.choice(OPTIMIZERS), GENERIC_ACT_HINT)
 
-    # Unknown optimizers are rejected with a ValueError.
+@hidden_test("test_predict_training_memory_errors")
+def check_errors(nb):
+    """The three optimizer names are accepted; any other raises a ValueError naming it and the allowed ones."""
     model = _build(37, [("L", 11, True)], seed=0)
-    raised = nb.apply(probes.raised, nb.predict_training_memory, _unrunnable(model), 8, "rmsprop")
-    raised = fetch(raised)
     allowed = ", ".join(repr(o) for o in OPTIMIZERS)
-    if raised is None:
+    for optimizer in OPTIMIZERS:  # refusing a valid name is as wrong as accepting an unknown one
+        error = fetch(nb.apply(probes.raised_message, nb.predict_training_memory, _unrunnable(model), 8, optimizer))
+        if error is not None and "ValueError" in error["types"]:
+            raise AssertionError(
+                f"predict_training_memory(model, 8, {optimizer!r}) raised ValueError ({error['message']}): "
+                f"{allowed} are the valid optimizers; only other names raise.")
+    error = fetch(nb.apply(probes.raised_message, nb.predict_training_memory, _unrunnable(model), 8, "rmsprop"))
+    if error is None:
         raise AssertionError(
             f"predict_training_memory(model, 8, 'rmsprop') returned a result: an unknown optimizer should "
             f"raise ValueError naming the bad value and the allowed ones ({allowed}).")
-    if "ValueError" not in raised:
+    if "ValueError" not in error["types"]:
+        lookup = (" Check the optimizer before using it: a dict lookup of an unknown key raises KeyError."
+                  if "KeyError" in error["types"] else "")
         raise AssertionError(
-            f"predict_training_memory(model, 8, 'rmsprop') raised {raised[0]}, expected a ValueError "
-            f"naming the bad value and the allowed ones ({allowed}).")
+            f"predict_training_memory(model, 8, 'rmsprop') raised {error['types'][0]} ({error['message']}), "
+            f"expected a ValueError naming the bad value and the allowed ones ({allowed}).{lookup}")
+    unnamed = [name for name in ("rmsprop", *OPTIMIZERS) if name not in error["message"]]
+    if unnamed:
+        raise AssertionError(
+            f"predict_training_memory(model, 8, 'rmsprop') raised ValueError({error['message']!r}), which does "
+            f"not name {', '.join(repr(n) for n in unnamed)}: the message names the bad value and the allowed "
+            f"ones ({allowed}), so that the caller sees what to pass instead.")
