@@ -130,10 +130,12 @@ def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
         (no conversion to bfloat16 anywhere: the grader refuses the bfloat16 dtype and autocast in
         every exercise cell of this chapter).
 
-    Graded on: 1-D and 2-D tensors (up to 211 × 97) built from raw bit patterns: random patterns (any sign,
+    Graded on 1-D and 2-D tensors (up to 211 × 97) built from raw bit patterns: random patterns (any sign,
     exponent and mantissa, NaNs and infinities included), exact ties with both parities of the last kept bit,
     values just below and above a tie, subnormals of both signs, ±0, the largest finite values (some round to
-    ±inf), ±inf, and NaNs whose payload lies in the dropped low bits. Besides the source check, a call in
+    ±inf), ±inf, and NaNs whose payload lies in the dropped low bits. Values: every ordinary value (finite,
+    normal, rounding to a finite value) bit for bit. Edge cases: the subnormals, ±0, the values that round to
+    ±inf and ±inf bit for bit, and every NaN still a NaN. In both cells, besides the source check, a call in
     which any torch operation produces a bfloat16 tensor fails. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
@@ -145,8 +147,8 @@ def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% test="test_round_to_bf16" points=3
-x = torch.tensor([1.0, -2.5, 0.1, 3.14159, 1e-40, 3.3e38, -3.4e38, float("inf"), -float("inf")])
+# %% test="test_round_to_bf16" points=2
+x = torch.tensor([1.0, -2.5, 0.1, 3.14159, 1e-20, 3.3e38, -65504.0])
 got = round_to_bf16(x)
 assert got.dtype == torch.float32 and got.shape == x.shape, "float32 in, float32 of the same shape out"
 assert torch.equal(got.view(torch.int32), x.to(torch.bfloat16).float().view(torch.int32)), \
@@ -154,10 +156,22 @@ assert torch.equal(got.view(torch.int32), x.to(torch.bfloat16).float().view(torc
 ties = torch.tensor([0x3F808000, 0x3F818000], dtype=torch.int32).view(torch.float32)  # 1 + half an ulp, ...
 assert round_to_bf16(ties).view(torch.int32).tolist() == [0x3F800000, 0x3F820000], \
     "an exact tie goes to the neighbour with an even last bit: 0x3F80|8000 -> 0x3F80, 0x3F81|8000 -> 0x3F82"
-assert torch.isnan(round_to_bf16(torch.tensor([float("nan")]))).all(), "NaN must stay NaN"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch08_quantization", "test_round_to_bf16", globals())
+### END HIDDEN TESTS
+
+# %% test="test_round_to_bf16_edge_cases" points=1
+edges = torch.tensor([1e-40, -1e-40, 0.0, -0.0, 3.3e38, -3.4e38, float("inf"), -float("inf")])  # subnormals, ...
+got = round_to_bf16(edges)
+assert torch.equal(got.view(torch.int32), edges.to(torch.bfloat16).float().view(torch.int32)), \
+    f"round_to_bf16 gives {got.tolist()}, PyTorch's bf16 conversion {edges.to(torch.bfloat16).float().tolist()}: " \
+    "subnormals round like other values, ±0 keeps its sign, the largest finite values round up to ±inf"
+nans = torch.tensor([0x7F800001, 0x7FC00000], dtype=torch.int32).view(torch.float32)  # payload in the low bits, ...
+assert torch.isnan(round_to_bf16(nans)).all(), "NaN must stay NaN, even when its payload sits in the dropped bits"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch08_quantization", "test_round_to_bf16_edge_cases", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -272,11 +286,14 @@ def absmax_quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.
     Raises:
         ValueError: if ``bits`` is not an int in 2..8 or ``block_size`` is not an int >= 1.
 
-    Graded on: float32 tensors of 1 to 3 dimensions, from a single value to 37 × 53, with every width from 2
-    to 8 and block sizes 1, 7, 10, 16, 64 and 1000 (one block for the whole tensor): partial last blocks, an
-    all-zero block, one outlier among small values, values in the thousands; codes against round(x / scale)
-    computed in float64, scales to float32 rounding; bits 0, 1, 9 and block sizes 0, -3 for the ValueError. No
-    bfloat16 or autocast, as in every exercise cell of this chapter. Each graded cell may use 60 s and 4 GiB.
+    Graded on float32 tensors of 1 to 3 dimensions, from a single value to 37 × 53, with block sizes 1, 7, 8,
+    10, 16, 64 and 1000 (one block for the whole tensor); codes against round(x / scale) computed in float64
+    (either neighbour within a hair of a tie), scales to float32 rounding. Values: sizes that are multiples of
+    the block size, every width from 2 to 8, one outlier among small values, values in the thousands. Edge
+    cases: partial last blocks, a single value, an all-zero block, exact ties (x / scale = k + 1/2 with a
+    scale of 1 or 2, which must round half to even), and the ValueError for bits 0, 1, 9 and 4.0 and block
+    sizes 0, -3 and 16.0. No bfloat16 or autocast, as in every exercise cell of this chapter. Each graded cell
+    may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if isinstance(bits, bool) or not isinstance(bits, int) or not 2 <= bits <= 8:
@@ -294,27 +311,38 @@ def absmax_quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.
     ### END SOLUTION
 
 
-# %% test="test_absmax_quantize" points=3
+# %% test="test_absmax_quantize" points=2
+x = torch.tensor([[0.5, -0.9, 0.25, 2.0], [0.0, -0.75, 0.1, 0.2]])
+codes, scales = absmax_quantize(x, bits=3, block_size=4)  # q_max = 3; 8 values -> 2 blocks (the rows)
+assert codes.dtype == torch.int8 and tuple(codes.shape) == (2, 4), \
+    f"codes: int8 of shape (n_blocks, block_size) = (2, 4), got {codes.dtype} {tuple(codes.shape)}"
+assert scales.dtype == torch.float32 and tuple(scales.shape) == (2,), "one float32 scale per block"
+torch.testing.assert_close(scales, torch.tensor([2 / 3, 0.75 / 3]), msg="scale = max|x| of the block / q_max")
+assert codes.tolist() == [[1, -1, 0, 3], [0, -3, 0, 1]], f"codes {codes.tolist()}: round(x / scale) per block"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch08_quantization", "test_absmax_quantize", globals())
+### END HIDDEN TESTS
+
+# %% test="test_absmax_quantize_edge_cases" points=1
 x = torch.tensor([[0.5, -0.9, 0.25], [2.0, 0.0, -0.75], [0.1, 0.2, 0.3]])
-codes, scales = absmax_quantize(x, bits=3, block_size=4)  # q_max = 3; 9 values -> 3 blocks, the last padded
-assert codes.dtype == torch.int8 and tuple(codes.shape) == (3, 4), \
-    f"codes: int8 of shape (n_blocks, block_size) = (3, 4), got {codes.dtype} {tuple(codes.shape)}"
-assert scales.dtype == torch.float32 and tuple(scales.shape) == (3,), "one float32 scale per block"
-torch.testing.assert_close(scales, torch.tensor([2 / 3, 0.75 / 3, 0.3 / 3]), msg="scale = max|x| of the block / q_max")
-assert codes.tolist() == [[1, -1, 0, 3], [0, -3, 0, 1], [3, 0, 0, 0]], \
-    f"codes {codes.tolist()}: round(x / scale) per block, and code 0 in the padding after the last value"
+codes, scales = absmax_quantize(x, bits=3, block_size=4)  # 9 values -> 3 blocks, the last one padded
+assert tuple(codes.shape) == (3, 4) and codes[2].tolist() == [3, 0, 0, 0], \
+    f"codes {codes.tolist()}: 9 values make 3 blocks of 4, and the padding after the last value holds code 0"
 zero_codes, zero_scales = absmax_quantize(torch.zeros(5), 8, 2)
 assert zero_scales.eq(0).all() and zero_codes.eq(0).all(), "an all-zero block has scale 0 and codes 0 (no NaN)"
-for bad in ((x, 1, 4), (x, 9, 4), (x, 4, 0)):
+tie_codes, _ = absmax_quantize(torch.tensor([3.0, 0.5, 1.5, 2.5]), 3, 4)  # scale 1: x / scale = x
+assert tie_codes.tolist() == [[3, 0, 2, 2]], f"codes {tie_codes.tolist()}: exact ties round half to even (torch.round)"
+for bad in ((x, 1, 4), (x, 9, 4), (x, 4, 0), (x, 4.0, 4)):
     try:
         absmax_quantize(*bad)
     except ValueError:
         pass
     else:
-        raise AssertionError(f"bits={bad[1]}, block_size={bad[2]} should raise ValueError")
+        raise AssertionError(f"bits={bad[1]!r}, block_size={bad[2]!r} should raise ValueError")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
-from grader.api import run_hidden; run_hidden("ch08_quantization", "test_absmax_quantize", globals())
+from grader.api import run_hidden; run_hidden("ch08_quantization", "test_absmax_quantize_edge_cases", globals())
 ### END HIDDEN TESTS
 
 
@@ -332,10 +360,11 @@ def absmax_dequantize(codes: torch.Tensor, scales: torch.Tensor, block_size: int
     Returns:
         float32 tensor of shape ``shape``.
 
-    Graded on: random int8 codes in [-q_max, q_max] and float32 scales (one of them 0) for shapes (5,),
-    (2, 3), (97,), (3, 5, 7) and (37, 53) with block sizes 1, 8, 10, 16 and 64 (a tensor smaller than one
-    block included), each shape passed both as a tuple and as a ``torch.Size``. No bfloat16 or autocast, as in
-    every exercise cell of this chapter. Each graded cell may use 60 s and 4 GiB.
+    Graded on random int8 codes in [-q_max, q_max] and float32 scales (one of them 0), each shape passed both
+    as a tuple and as a ``torch.Size``. Values: shapes (2, 3), (24,), (100,), (4, 5, 8) and (32, 48), whose
+    sizes are multiples of the block sizes 1, 8, 10, 16 and 64. Edge cases: padding to drop, with shapes (5,)
+    (smaller than one block of 8), (97,), (3, 5, 7) and (37, 53) and block sizes 10, 16 and 64. No bfloat16 or
+    autocast, as in every exercise cell of this chapter. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     values = codes.reshape(-1, block_size).float() * scales.float()[:, None]  # (n_blocks, block_size)
@@ -343,18 +372,30 @@ def absmax_dequantize(codes: torch.Tensor, scales: torch.Tensor, block_size: int
     ### END SOLUTION
 
 
-# %% test="test_absmax_dequantize" points=2
-x = torch.randn(7, 11, generator=torch.Generator().manual_seed(0))
+# %% test="test_absmax_dequantize" points=1
+x = torch.randn(8, 12, generator=torch.Generator().manual_seed(0))  # 96 values: 6 whole blocks of 16
 for bits in (8, 4, 2):
     codes, scales = absmax_quantize(x, bits, 16)
     x_hat = absmax_dequantize(codes, scales, 16, x.shape)
     assert x_hat.shape == x.shape and x_hat.dtype == torch.float32, "same shape as the original, float32"
-    step = scales.repeat_interleave(16)[:x.numel()].view_as(x)
+    step = scales.repeat_interleave(16).view_as(x)
     assert ((x_hat - x).abs() <= step / 2 + 1e-6).all(), f"{bits} bits: the error exceeds half a step"
     print(f"{bits} bits, blocks of 16: max error {(x_hat - x).abs().max():.4f}")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch08_quantization", "test_absmax_dequantize", globals())
+### END HIDDEN TESTS
+
+# %% test="test_absmax_dequantize_edge_cases" points=1
+x = torch.randn(7, 11, generator=torch.Generator().manual_seed(0))  # 77 values: the last block of 16 is padded
+codes, scales = absmax_quantize(x, 4, 16)
+x_hat = absmax_dequantize(codes, scales, 16, x.shape)
+assert x_hat.shape == x.shape, f"shape {tuple(x_hat.shape)}: keep the first 77 values (the padding is dropped)"
+step = scales.repeat_interleave(16)[:x.numel()].view_as(x)
+assert ((x_hat - x).abs() <= step / 2 + 1e-6).all(), "the error exceeds half a step"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch08_quantization", "test_absmax_dequantize_edge_cases", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -463,11 +504,12 @@ def nf4_quantize(x: torch.Tensor, block_size: int = 64) -> tuple[torch.Tensor, t
             blocks get code 7 (the level 0.0).
         absmax: ``torch.float32`` tensor of shape (ceil(n / block_size),): max |x| of each block.
 
-    Graded on: float32 tensors of 1 to 3 dimensions (a single value, 37 × 53 weight-like values, heavy-tailed
-    values, a tensor with an all-zero block) with block sizes 7, 16, 32 and 64, odd and even counts, partial
-    last blocks; absmax must equal max |x| exactly, and each code is compared with the nearest level found by
-    brute force in float64. No bfloat16 or autocast, as in every exercise cell of this chapter. Each graded
-    cell may use 60 s and 4 GiB.
+    Graded on float32 tensors of 1 to 3 dimensions with block sizes 7, 16, 32 and 64: absmax must equal
+    max |x| exactly, and each code is compared with the nearest level found by brute force in float64. Values:
+    even counts that fill whole blocks (32 × 48 weight-like values, heavy-tailed values, 4 × 6 × 8 and 8 × 16
+    normal values). Edge cases: odd counts and partial last blocks (37 × 53 weight-like values, 3 × 5 × 7,
+    9 × 15, 101 heavy-tailed values), a single value, a tensor with an all-zero block. No bfloat16 or
+    autocast, as in every exercise cell of this chapter. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     flat = x.detach().float().flatten()
@@ -486,20 +528,33 @@ def nf4_quantize(x: torch.Tensor, block_size: int = 64) -> tuple[torch.Tensor, t
     ### END SOLUTION
 
 
-# %% test="test_nf4_quantize" points=3
+# %% test="test_nf4_quantize" points=2
 cb = nf4_codebook()
-x = torch.tensor([1.0, -1.0, 0.0, 0.5, -0.3, 0.08, 2.0])  # 7 values: odd, and a partial second block
+x = torch.tensor([1.0, -1.0, 0.0, 0.5, -0.3, 0.08, 2.0, -0.5])  # 8 values: two whole blocks of 4
 packed, absmax = nf4_quantize(x, block_size=4)
-assert packed.dtype == torch.uint8 and tuple(packed.shape) == (4,), "ceil(7 / 2) = 4 bytes of uint8"
-torch.testing.assert_close(absmax, torch.tensor([1.0, 2.0]), msg="absmax per block of 4, the last block partial")
-codes = torch.stack([packed >> 4, packed & 15], dim=1).flatten()[:7]
+assert packed.dtype == torch.uint8 and tuple(packed.shape) == (4,), "two codes per byte: 8 values, 4 uint8"
+torch.testing.assert_close(absmax, torch.tensor([1.0, 2.0]), msg="absmax = max |x| of each block of 4")
+codes = torch.stack([packed >> 4, packed & 15], dim=1).flatten()
 expected = [15, 0, 7, int((cb - 0.5).abs().argmin()), int((cb + 0.15).abs().argmin()),
-            int((cb - 0.04).abs().argmin()), 15]
+            int((cb - 0.04).abs().argmin()), 15, int((cb + 0.25).abs().argmin())]
 assert codes.tolist() == expected, \
     f"codes (high nibble first) {codes.tolist()}, expected {expected}: nearest level of x / absmax, first value high"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch08_quantization", "test_nf4_quantize", globals())
+### END HIDDEN TESTS
+
+# %% test="test_nf4_quantize_edge_cases" points=1
+x = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.5, -0.3, 1.0])  # 7 values: odd, an all-zero block, a partial block
+packed, absmax = nf4_quantize(x, block_size=4)
+assert tuple(absmax.shape) == (2,), f"7 values make 2 blocks of 4, the last one partial: absmax {absmax.tolist()}"
+assert tuple(packed.shape) == (4,), "ceil(7 / 2) = 4 bytes of uint8"
+codes = torch.stack([packed >> 4, packed & 15], dim=1).flatten()[:7]
+assert codes[:4].tolist() == [7, 7, 7, 7], f"an all-zero block (absmax 0) gets code 7, the level 0.0: {codes.tolist()}"
+assert codes[6] == 15, "the last value, alone in its byte, sits in the high nibble"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch08_quantization", "test_nf4_quantize_edge_cases", globals())
 ### END HIDDEN TESTS
 
 
@@ -518,10 +573,12 @@ def nf4_dequantize(packed: torch.Tensor, absmax: torch.Tensor, shape, block_size
     Returns:
         float32 tensor of shape ``shape``.
 
-    Graded on: random packed bytes (so every code occurs, and after an odd count the unused low nibble may
-    hold anything) with positive absmax values and a 0 for the first block, for shapes (1,), (7,), (11, 13),
-    (3, 5, 7) and (37, 53), given as tuples, and block sizes 4, 10, 16 and 64. bfloat16 and autocast are
-    refused too, as in every exercise cell of this chapter. Each graded cell may use 60 s and 4 GiB.
+    Graded on random packed bytes (so every code occurs) with positive absmax values, shapes given as tuples.
+    Values: even counts that fill whole blocks, shapes (12,), (10, 20), (4, 6, 8) and (32, 48) with block
+    sizes 4, 10, 16 and 64. Edge cases: odd counts (the unused low nibble of the last byte may hold anything)
+    and partial last blocks, shapes (1,), (7,), (11, 13), (3, 5, 7) and (37, 53), with a 0 for the absmax of
+    the first block. bfloat16 and autocast are refused too, as in every exercise cell of this chapter. Each
+    graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     n = math.prod(shape)
@@ -531,19 +588,32 @@ def nf4_dequantize(packed: torch.Tensor, absmax: torch.Tensor, shape, block_size
     ### END SOLUTION
 
 
-# %% test="test_nf4_dequantize" points=2
-w = torch.randn(33, 17, generator=torch.Generator().manual_seed(1)) * 0.02  # weight-like: small, normal
+# %% test="test_nf4_dequantize" points=1
+w = torch.randn(32, 16, generator=torch.Generator().manual_seed(1)) * 0.02  # weight-like: small, normal
 packed, absmax = nf4_quantize(w)
 w_hat = nf4_dequantize(packed, absmax, w.shape)
 assert w_hat.shape == w.shape and w_hat.dtype == torch.float32, "same shape as the original, float32"
 levels = set(nf4_codebook().tolist())
 assert all(round(v / absmax[0].item(), 5) in {round(l, 5) for l in levels} for v in w_hat.flatten()[:64].tolist()), \
     "each value of the first block is a codebook level times the block's absmax"
-print(f"NF4 round trip of a 33x17 weight: relative error {rel_error(w, w_hat):.3f}")
+print(f"NF4 round trip of a 32x16 weight: relative error {rel_error(w, w_hat):.3f}")
 assert rel_error(w, w_hat) < 0.15, "NF4 should keep normal weights within about 10% relative error"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch08_quantization", "test_nf4_dequantize", globals())
+### END HIDDEN TESTS
+
+# %% test="test_nf4_dequantize_edge_cases" points=1
+w = torch.randn(33, 17, generator=torch.Generator().manual_seed(1)) * 0.02  # 561 values: odd, last block partial
+packed, absmax = nf4_quantize(w)
+w_hat = nf4_dequantize(packed, absmax, w.shape)
+assert w_hat.shape == w.shape, f"shape {tuple(w_hat.shape)}: keep the first 561 codes, then reshape"
+assert rel_error(w, w_hat) < 0.15, "the round trip of an odd-sized weight is as good as any other"
+lone = nf4_dequantize(torch.tensor([0xF3], dtype=torch.uint8), torch.tensor([2.0]), (1,))
+assert lone.tolist() == [2.0], f"one value: the high nibble (15, the level 1.0) times absmax 2, got {lone.tolist()}"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch08_quantization", "test_nf4_dequantize_edge_cases", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -922,14 +992,16 @@ class QLoRALinear(nn.Module):
 
     forward(x): x of shape (..., in_features) -> (..., out_features).
 
-    Graded on: Linear(37, 53) with and without bias (rank 4 and 3, alpha 8.0 and 1.5, block_size 64 and 32),
-    inputs of shape (2, 3, 37) and (5, 37) and a nonzero lora_B loaded with ``load_state_dict``: the output,
-    the input gradient and the gradients of lora_A and lora_B against a float64 reference built on the NF4
-    weight, no gradient for anything else; rank 0, -1 and 2.5 for the ValueError. After construction and after
-    a forward and backward pass the module may hold no floating tensor with as many values as the weight
-    (parameters, buffers and plain attributes of every submodule, inside lists, tuples and dicts too), and all
-    it holds besides lora_A, lora_B and the bias must fit in what ``nf4_quantize`` returns plus a little
-    slack. On Linear(2048, 2048, bias=False) (rank 4, blocks of 64), with the base layer released, the memory
+    Graded on Linear(37, 53) with and without bias (rank 4 and 3, alpha 8.0 and 1.5, block_size 64 and 32),
+    inputs of shape (2, 3, 37) and (5, 37). Values: the trainable parameters, their shapes and initialisation,
+    the scaling; with a nonzero lora_B loaded with ``load_state_dict``, the output, the input gradient and the
+    gradients of lora_A and lora_B against a float64 reference built on the NF4 weight, no gradient for
+    anything else; rank 0, -1 and 2.5 for the ValueError. Memory: after construction and after a forward and
+    backward pass the module may hold no floating tensor with as many values as the weight (parameters,
+    buffers and plain attributes of every submodule, inside lists, tuples and dicts too), and all it holds
+    besides lora_A, lora_B and the bias must fit in what ``nf4_quantize`` returns plus a little slack; with
+    lora_B = 0, output minus bias must stay within NF4's rounding of x @ base.weight.T (relative error below
+    0.25). On Linear(2048, 2048, bias=False) (rank 4, blocks of 64), with the base layer released, the memory
     your process holds (read from outside it) may grow by no more than the packed codes and absmax plus a
     sixteenth of the float weight's size, after construction and still after a forward and backward pass on a
     (3, 2048) input (memory kept by earlier calls counts against it); your exercise cells, once run, must hold
@@ -963,7 +1035,7 @@ class QLoRALinear(nn.Module):
         ### END SOLUTION
 
 
-# %% test="test_qlora_linear" points=3
+# %% test="test_qlora_linear" points=2
 torch.manual_seed(0)
 base = nn.Linear(40, 24)
 W0 = base.weight.detach().clone()
@@ -972,17 +1044,37 @@ trainable = sorted(n for n, p in layer.named_parameters() if p.requires_grad)
 assert trainable == ["lora_A", "lora_B"], f"only lora_A and lora_B train, not {trainable}"
 assert tuple(layer.lora_A.shape) == (4, 40) and tuple(layer.lora_B.shape) == (24, 4), "shapes as in LoRALinear"
 assert torch.all(layer.lora_B == 0) and layer.scaling == 2.0, "B starts at zero, scaling = alpha / rank"
-floats = [n for n, t in [*layer.named_parameters(), *layer.named_buffers()]
-          if t.is_floating_point() and t.numel() == W0.numel()]
-assert not floats, f"{floats} hold a full-precision copy of the weight: keep only the NF4 codes and absmax"
 x = torch.randn(2, 3, 40)
 W_nf4 = nf4_dequantize(*nf4_quantize(W0), W0.shape)
 torch.testing.assert_close(layer(x), x @ W_nf4.T + base.bias, msg="at initialisation: the NF4 base layer")
 layer(x).sum().backward()
 assert layer.lora_B.grad is not None, "lora_B gets a gradient"
+try:
+    QLoRALinear(nn.Linear(4, 3), rank=0, alpha=1.0)
+except ValueError:
+    pass
+else:
+    raise AssertionError("rank=0 should raise ValueError")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch08_quantization", "test_qlora_linear", globals())
+### END HIDDEN TESTS
+
+# %% test="test_qlora_linear_memory" points=1
+torch.manual_seed(0)
+base = nn.Linear(40, 24)
+n_weight = base.weight.numel()
+layer = QLoRALinear(base, rank=4, alpha=8.0)
+layer(torch.randn(2, 3, 40)).sum().backward()
+floats = [n for n, t in [*layer.named_parameters(), *layer.named_buffers(), *vars(layer).items()]
+          if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() == n_weight]
+assert not floats, f"{floats} hold a full-precision copy of the weight: keep only the NF4 codes and absmax"
+frozen = sum(t.nbytes for n, t in [*layer.named_parameters(), *layer.named_buffers()] if not n.startswith("lora_"))
+assert frozen <= n_weight // 2 + 4 * math.ceil(n_weight / 64) + base.bias.nbytes, \
+    f"{frozen} frozen bytes: two codes per byte plus one float32 absmax per block of 64, and the bias"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch08_quantization", "test_qlora_linear_memory", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]

@@ -20,16 +20,23 @@ from sandbox_checks import sandbox_tests
 
 CHAPTER = "ch08_quantization"
 CHECKS = checks_for(CHAPTER)
-GRADE_IDS = ["test_round_to_bf16", "test_absmax_quantize", "test_absmax_dequantize", "test_nf4_codebook",
-             "test_nf4_quantize", "test_nf4_dequantize", "test_qlora_linear"]
-EXERCISES = {"test_round_to_bf16": "round_to_bf16", "test_absmax_quantize": "absmax_quantize",
-             "test_absmax_dequantize": "absmax_dequantize", "test_nf4_codebook": "nf4_codebook",
-             "test_nf4_quantize": "nf4_quantize", "test_nf4_dequantize": "nf4_dequantize",
-             "test_qlora_linear": "QLoRALinear"}
+CELLS = {"round_to_bf16": ["test_round_to_bf16", "test_round_to_bf16_edge_cases"],
+         "absmax_quantize": ["test_absmax_quantize", "test_absmax_quantize_edge_cases"],
+         "absmax_dequantize": ["test_absmax_dequantize", "test_absmax_dequantize_edge_cases"],
+         "nf4_codebook": ["test_nf4_codebook"],
+         "nf4_quantize": ["test_nf4_quantize", "test_nf4_quantize_edge_cases"],
+         "nf4_dequantize": ["test_nf4_dequantize", "test_nf4_dequantize_edge_cases"],
+         "QLoRALinear": ["test_qlora_linear", "test_qlora_linear_memory"]}
+GRADE_IDS = [grade_id for cells in CELLS.values() for grade_id in cells]
+# The cell each plausible wrong submission of wrong_submissions_ch08_quantization.py fails in the sandbox.
+SANDBOX_CELL = {"round_to_bf16": "test_round_to_bf16", "absmax_quantize": "test_absmax_quantize_edge_cases",
+                "absmax_dequantize": "test_absmax_dequantize", "nf4_codebook": "test_nf4_codebook",
+                "nf4_quantize": "test_nf4_quantize", "nf4_dequantize": "test_nf4_dequantize",
+                "QLoRALinear": "test_qlora_linear_memory"}
 
 
 # --- correct implementations ---------------------------------------------------------------------
-def make_round(mode="even", keep_nan=True):
+def make_round(mode="even", keep_nan=True, overflow="inf", subnormals="round", zeros="signed"):
     """Rounding by explicit comparison of the dropped half-word, in int64 (unsigned view)."""
 
     def round_to_bf16(x):
@@ -42,7 +49,14 @@ def make_round(mode="even", keep_nan=True):
         else:  # truncate
             up = torch.zeros_like(low, dtype=torch.bool)
         v = (kept + up.long()) << 16
+        exponent, sign = (u >> 23) & 0xFF, u & 0x80000000
+        if overflow == "saturate":  # wrong: clamps to the largest finite bf16 value instead of rounding to inf
+            v = torch.where((exponent != 0xFF) & ((v & 0x7F800000) == 0x7F800000), sign | 0x7F7F0000, v)
+        if subnormals == "flush":  # wrong: subnormals become (signed) zeros
+            v = torch.where(exponent == 0, sign, v)
         out = torch.where(v >= 1 << 31, v - (1 << 32), v).to(torch.int32).view(torch.float32)
+        if zeros == "positive":  # wrong: -0 loses its sign
+            out = torch.where(x == 0, torch.zeros_like(out), out)
         return torch.where(torch.isnan(x), x, out) if keep_nan else out
 
     return round_to_bf16
@@ -52,9 +66,13 @@ def round_via_bf16(x):
     return x.to(torch.bfloat16).float()
 
 
-def make_absmax_quantize(range_mode="symmetric", drop_last=False, check=True, flat_codes=False, rounding="round"):
+def make_absmax_quantize(range_mode="symmetric", drop_last=False, check="type and range", flat_codes=False,
+                         rounding="round"):
     def absmax_quantize(x, bits, block_size):
-        if check and (type(bits) is not int or bits < 2 or bits > 8 or type(block_size) is not int or block_size < 1):
+        if check == "type and range" and (type(bits) is not int or bits < 2 or bits > 8 or type(block_size) is not int
+                                          or block_size < 1):
+            raise ValueError(f"bad bits={bits} or block_size={block_size}")
+        if check == "range" and (bits < 2 or bits > 8 or block_size < 1):  # wrong: 4.0 passes as bits
             raise ValueError(f"bad bits={bits} or block_size={block_size}")
         q_max = 2 ** (bits - 1) - 1 if range_mode == "symmetric" else 2 ** (bits - 1)
         flat = x.reshape(-1).double()
@@ -64,16 +82,21 @@ def make_absmax_quantize(range_mode="symmetric", drop_last=False, check=True, fl
         amax = blocks.abs().max(dim=1).values.float().double()
         scales = (amax / q_max).float()
         v = blocks * (q_max / torch.where(amax > 0, amax, torch.ones_like(amax)))[:, None]
-        v = v.round() if rounding == "round" else v.trunc()
+        if rounding == "round":
+            v = v.round()
+        elif rounding == "half away":  # wrong on exact ties: 2.5 -> 3
+            v = torch.sign(v) * torch.floor(v.abs() + 0.5)
+        else:
+            v = v.trunc()
         codes = v.clamp(-q_max, q_max - (range_mode != "symmetric")).to(torch.int8)  # asymmetric: [-2^(b-1), 2^(b-1)-1]
         return (codes.flatten() if flat_codes else codes), scales
 
     return absmax_quantize
 
 
-def make_absmax_dequantize(tile=False):
+def make_absmax_dequantize(tile=False, drop_padding=True):
     def absmax_dequantize(codes, scales, block_size, shape):
-        n = math.prod(shape)
+        n = math.prod(shape) if drop_padding else codes.numel()
         s = scales.repeat(block_size) if tile else scales.repeat_interleave(block_size)
         return (codes.reshape(-1).to(torch.float64) * s.double())[:n].float().view(*shape)
 
@@ -95,7 +118,7 @@ def make_nf4_codebook(offset=None, typo=False):
     return nf4_codebook
 
 
-def make_nf4_quantize(codebook, low_first=False, whole_tensor=False, drop_last=False):
+def make_nf4_quantize(codebook, low_first=False, whole_tensor=False, drop_last=False, zero_guard=True, pad_odd=True):
     def nf4_quantize(x, block_size=64):
         flat = x.reshape(-1).float()
         n = flat.numel()
@@ -105,9 +128,9 @@ def make_nf4_quantize(codebook, low_first=False, whole_tensor=False, drop_last=F
             absmax = absmax.max().expand(n_blocks).clone()
         scale = absmax.repeat_interleave(block_size)[:n]
         scale = torch.cat([scale, scale.new_ones(n - scale.numel())])
-        scaled = flat / torch.where(scale > 0, scale, torch.ones_like(scale))
+        scaled = flat / (torch.where(scale > 0, scale, torch.ones_like(scale)) if zero_guard else scale)
         codes = (scaled[:, None] - codebook()[None, :]).abs().argmin(dim=1)
-        if n % 2:
+        if n % 2 and pad_odd:
             codes = torch.cat([codes, codes.new_zeros(1)])
         pairs = codes.view(-1, 2)
         first, second = (pairs[:, 1], pairs[:, 0]) if low_first else (pairs[:, 0], pairs[:, 1])
@@ -116,12 +139,14 @@ def make_nf4_quantize(codebook, low_first=False, whole_tensor=False, drop_last=F
     return nf4_quantize
 
 
-def make_nf4_dequantize(codebook, low_first=False, block_of=None):
+def make_nf4_dequantize(codebook, low_first=False, block_of=None, trim=True):
     def nf4_dequantize(packed, absmax, shape, block_size=64):
         n = math.prod(shape)
         hi, lo = packed.long() // 16, packed.long() % 16
-        codes = torch.stack([lo, hi] if low_first else [hi, lo], dim=-1).reshape(-1)[:n]
-        idx = torch.arange(n) // block_size if block_of is None else block_of(n, block_size)
+        codes = torch.stack([lo, hi] if low_first else [hi, lo], dim=-1).reshape(-1)
+        if trim:
+            codes = codes[:n]
+        idx = torch.arange(codes.numel()) // block_size if block_of is None else block_of(n, block_size)
         return (codebook()[codes] * absmax[idx]).reshape(shape)
 
     return nf4_dequantize
@@ -144,11 +169,13 @@ class _Dequantized(torch.autograd.Function):
 
 
 def make_qlora(quantize, dequantize, keep="nothing", scaling="alpha/rank", cache=False, bias_trainable=False,
-               unpacked=False, custom_backward=False):
+               unpacked=False, custom_backward=False, rank_check="type and sign", base_path=True):
     class QLoRALinear(nn.Module):
         def __init__(self, base, rank, alpha, block_size=64):
             super().__init__()
-            if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+            if rank_check == "type and sign" and (not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0):
+                raise ValueError(f"rank must be a positive integer, got {rank}")
+            if rank_check == "sign" and rank <= 0:  # wrong: 2.5 passes
                 raise ValueError(f"rank must be a positive integer, got {rank}")
             self.shape, self.block_size = tuple(base.weight.shape), block_size
             packed, absmax = quantize(base.weight.detach(), block_size)
@@ -158,6 +185,8 @@ def make_qlora(quantize, dequantize, keep="nothing", scaling="alpha/rank", cache
             self.register_buffer("q_absmax", absmax, persistent=False)
             if keep == "base":
                 self.base = base
+            elif keep == "frozen base":
+                self.base = base.requires_grad_(False)
             elif keep == "fp16 buffer":
                 self.register_buffer("w16", base.weight.detach().half())
             elif keep == "attribute":
@@ -170,7 +199,7 @@ def make_qlora(quantize, dequantize, keep="nothing", scaling="alpha/rank", cache
             nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
             self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank))
             self.scaling = alpha / rank if scaling == "alpha/rank" else float(alpha)
-            self.use_original = keep == "base"
+            self.use_original = keep in ("base", "frozen base")
 
         def _codes(self):
             if unpacked:
@@ -179,7 +208,9 @@ def make_qlora(quantize, dequantize, keep="nothing", scaling="alpha/rank", cache
             return self.q_codes
 
         def forward(self, x):
-            if self.use_original:
+            if not base_path:  # wrong: the frozen weight is never used
+                y = x.new_zeros(*x.shape[:-1], self.shape[0])
+            elif self.use_original:
                 y = x @ self.base.weight.T
             elif custom_backward:
                 y = _Dequantized.apply(x, self._codes(), self.q_absmax, self.shape, self.block_size, dequantize)
@@ -221,7 +252,9 @@ def test_correct_implementations_pass():
 
 def test_other_correct_qlora_passes():
     """Saving only the 4-bit state for backward and re-dequantizing there is just as right."""
-    CHECKS["test_qlora_linear"](namespace(QLoRALinear=make_qlora(NF4_QUANTIZE, NF4_DEQUANTIZE, custom_backward=True)))
+    ns = namespace(QLoRALinear=make_qlora(NF4_QUANTIZE, NF4_DEQUANTIZE, custom_backward=True))
+    for grade_id in CELLS["QLoRALinear"]:
+        CHECKS[grade_id](ns)
 
 
 def test_published_codebook_matches_the_construction():
@@ -230,89 +263,133 @@ def test_published_codebook_matches_the_construction():
     assert (CODEBOOK().double() - NF4).abs().max() < 1e-6
 
 
-def _rejects(grade_id: str, message: str, **overrides) -> None:
-    with pytest.raises(AssertionError, match=message):
-        CHECKS[grade_id](namespace(**overrides))
+def _grade(exercise: str, wrong, fails: dict[str, str]) -> None:
+    """Every cell of ``exercise`` in ``fails`` rejects ``wrong`` (with a message matching its pattern, "" for
+    any), and every other cell of the exercise passes it: points are lost only for the property that is wrong."""
+    ns = namespace(**{exercise: wrong})
+    assert set(fails) <= set(CELLS[exercise]), fails
+    for grade_id in CELLS[exercise]:
+        if grade_id in fails:
+            with pytest.raises(AssertionError, match=fails[grade_id] or None):
+                CHECKS[grade_id](ns)
+        else:
+            CHECKS[grade_id](ns)
+
+
+VALUES, EDGE = "test_round_to_bf16", "test_round_to_bf16_edge_cases"
+
+
+@pytest.mark.parametrize("wrong, fails", [
+    (make_round("truncate"), {VALUES: "ties to even", EDGE: ""}),
+    (make_round("away"), {VALUES: "ties to even", EDGE: ""}),
+    (make_round(keep_nan=False), {EDGE: "NaNs did not stay NaN.*carries into an infinity"}),
+    (make_round(overflow="saturate"), {EDGE: "do not clamp to the largest finite"}),
+    (make_round(subnormals="flush"), {EDGE: "do not flush subnormals"}),
+    (make_round(zeros="positive"), {EDGE: "sign bit included"}),
+    (round_via_bf16, {VALUES: "integer operations", EDGE: "integer operations"}),  # the rule holds in every cell
+], ids=["truncate", "away", "nan", "saturate", "flush", "zero_sign", "via_bf16"])
+def test_round_to_bf16_rejects(wrong, fails):
+    _grade("round_to_bf16", wrong, fails)
+
+
+VALUES, EDGE = "test_absmax_quantize", "test_absmax_quantize_edge_cases"
+
+
+@pytest.mark.parametrize("wrong, fails", [
+    (make_absmax_quantize(range_mode="asymmetric"), {VALUES: "q_max", EDGE: "q_max"}),
+    (make_absmax_quantize(flat_codes=True), {VALUES: "one row of block_size codes per block", EDGE: ""}),
+    (make_absmax_quantize(rounding="trunc"), {VALUES: "truncates toward zero", EDGE: ""}),
+    (make_absmax_quantize(drop_last=True), {EDGE: "pad the last"}),
+    (make_absmax_quantize(rounding="half away"), {EDGE: "round half to even"}),
+    (make_absmax_quantize(check="none"), {EDGE: "returned; it should raise ValueError \\(bits=1"}),
+    (make_absmax_quantize(check="range"), {EDGE: "bits=4.0 is a float, not an int"}),
+], ids=["asymmetric", "flat_codes", "trunc", "drop_last", "half_away", "no_check", "range_only"])
+def test_absmax_quantize_rejects(wrong, fails):
+    _grade("absmax_quantize", wrong, fails)
+
+
+@pytest.mark.parametrize("wrong, fails", [
+    (make_absmax_dequantize(tile=True), {"test_absmax_dequantize": "scale of its block",
+                                         "test_absmax_dequantize_edge_cases": "scale of its block"}),
+    (make_absmax_dequantize(drop_padding=False), {"test_absmax_dequantize_edge_cases": "the padding is dropped"}),
+], ids=["tile", "keeps_padding"])
+def test_absmax_dequantize_rejects(wrong, fails):
+    _grade("absmax_dequantize", wrong, fails)
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (make_round("truncate"), "ties to even"),
-    (make_round("away"), "ties to even"),
-    (make_round(keep_nan=False), "NaN"),
-    (round_via_bf16, "integer operations"),
-])
-def test_round_to_bf16_rejects(wrong, message):
-    _rejects("test_round_to_bf16", message, round_to_bf16=wrong)
-
-
-@pytest.mark.parametrize("wrong, message", [
-    (make_absmax_quantize(range_mode="asymmetric"), "q_max"),
-    (make_absmax_quantize(drop_last=True), "pad the last"),
-    (make_absmax_quantize(check=False), "ValueError"),
-    (make_absmax_quantize(flat_codes=True), "n_blocks, block_size"),
-    (make_absmax_quantize(rounding="trunc"), "differ from round"),
-])
-def test_absmax_quantize_rejects(wrong, message):
-    _rejects("test_absmax_quantize", message, absmax_quantize=wrong)
-
-
-def test_absmax_dequantize_rejects():
-    _rejects("test_absmax_dequantize", "scale of its block", absmax_dequantize=make_absmax_dequantize(tile=True))
-
-
-@pytest.mark.parametrize("wrong, message", [
-    (make_nf4_codebook(typo=True), "computed, not typed in"),
+    (make_nf4_codebook(typo=True), "the other levels are right. Compute the levels, do not type them in"),
     (make_nf4_codebook(offset=0.99), "0.9677083"),
     (make_nf4_codebook(offset=1 - 1 / 32), "0.9677083"),
     (lambda: torch.linspace(-1, 1, 16), "exact 0"),
-])
+], ids=["typo", "offset_0.99", "offset_1-1/32", "linspace"])
 def test_nf4_codebook_rejects(wrong, message):
-    _rejects("test_nf4_codebook", message, nf4_codebook=wrong)
+    _grade("nf4_codebook", wrong, {"test_nf4_codebook": message})
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (make_nf4_quantize(CODEBOOK, low_first=True), "swapped"),
-    (make_nf4_quantize(CODEBOOK, whole_tensor=True), "max \\|x\\| of each block"),
-    (make_nf4_quantize(CODEBOOK, drop_last=True), "pad the last"),
-    (make_nf4_quantize(lambda: torch.linspace(-1, 1, 16)), "nearest NF4 level"),
-])
-def test_nf4_quantize_rejects(wrong, message):
-    _rejects("test_nf4_quantize", message, nf4_quantize=wrong)
+VALUES, EDGE = "test_nf4_quantize", "test_nf4_quantize_edge_cases"
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (make_nf4_dequantize(CODEBOOK, low_first=True), "wrong order"),
-    (make_nf4_dequantize(CODEBOOK, block_of=lambda n, b: torch.arange(n) // (2 * b)), "absmax of its block"),
-    (make_nf4_dequantize(make_nf4_codebook(typo=True)), "nf4_codebook"),
-])
-def test_nf4_dequantize_rejects(wrong, message):
-    _rejects("test_nf4_dequantize", message, nf4_dequantize=wrong)
+@pytest.mark.parametrize("wrong, fails", [
+    (make_nf4_quantize(CODEBOOK, low_first=True), {VALUES: "swapped", EDGE: "swapped"}),
+    (make_nf4_quantize(CODEBOOK, whole_tensor=True), {VALUES: "max \\|x\\| of each block", EDGE: ""}),
+    (make_nf4_quantize(lambda: torch.linspace(-1, 1, 16)), {VALUES: "nearest NF4 level", EDGE: ""}),
+    (make_nf4_quantize(CODEBOOK, drop_last=True), {EDGE: "pad the last"}),
+    (make_nf4_quantize(CODEBOOK, zero_guard=False), {EDGE: "all-zero block has absmax 0"}),
+    (make_nf4_quantize(CODEBOOK, pad_odd=False), {EDGE: "raised RuntimeError.*with an odd n"}),
+], ids=["low_first", "whole_tensor", "uniform_levels", "drop_last", "zero_block_nan", "odd_count"])
+def test_nf4_quantize_rejects(wrong, fails):
+    _grade("nf4_quantize", wrong, fails)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (dict(keep="base"), "full-precision copy"),
-    (dict(keep="fp16 buffer"), "full-precision copy"),
-    (dict(keep="attribute"), "full-precision copy"),
-    (dict(cache=True), "after a forward and backward pass"),
-    (dict(unpacked=True), "two codes per byte"),
-    (dict(scaling="alpha"), "alpha / rank"),
-    (dict(bias_trainable=True), "trainable parameters"),
-])
-def test_qlora_linear_rejects(flags, message):
-    _rejects("test_qlora_linear", message, QLoRALinear=make_qlora(NF4_QUANTIZE, NF4_DEQUANTIZE, **flags))
+VALUES, EDGE = "test_nf4_dequantize", "test_nf4_dequantize_edge_cases"
 
 
-def test_qlora_linear_rejects_a_fixed_block_size():
+@pytest.mark.parametrize("wrong, fails", [
+    (make_nf4_dequantize(CODEBOOK, low_first=True), {VALUES: "wrong order", EDGE: "wrong order"}),
+    (make_nf4_dequantize(CODEBOOK, block_of=lambda n, b: torch.arange(n) // (2 * b)),
+     {VALUES: "absmax of its block", EDGE: "absmax of its block"}),
+    (make_nf4_dequantize(make_nf4_codebook(typo=True)), {VALUES: "nf4_codebook", EDGE: "nf4_codebook"}),
+    (make_nf4_dequantize(CODEBOOK, trim=False), {EDGE: "raised RuntimeError.*ignore the low nibble of the last byte"}),
+], ids=["low_first", "wrong_block", "typo_codebook", "no_trim"])
+def test_nf4_dequantize_rejects(wrong, fails):
+    _grade("nf4_dequantize", wrong, fails)
+
+
+def _fixed_block_qlora():
     def quantize_default_block(w, block_size):
         return NF4_QUANTIZE(w, 64)
 
     def dequantize_default_block(p, a, shape, block_size):
         return NF4_DEQUANTIZE(p, a, shape, 64)
 
-    _rejects("test_qlora_linear", "block_size",
-             QLoRALinear=make_qlora(quantize_default_block, dequantize_default_block))
+    return make_qlora(quantize_default_block, dequantize_default_block)
+
+
+VALUES, MEMORY = "test_qlora_linear", "test_qlora_linear_memory"
+
+
+@pytest.mark.parametrize("flags, fails", [
+    (dict(keep="base"), {VALUES: "", MEMORY: "full-precision copy"}),
+    (dict(keep="frozen base"), {VALUES: "computes with the original float weight", MEMORY: "full-precision copy"}),
+    (dict(keep="fp16 buffer"), {MEMORY: "full-precision copy"}),
+    (dict(keep="attribute"), {MEMORY: "full-precision copy"}),
+    (dict(cache=True), {MEMORY: "after a forward and backward pass"}),
+    (dict(unpacked=True), {MEMORY: "two codes per byte"}),
+    (dict(base_path=False), {VALUES: "", MEMORY: "far more than NF4's rounding"}),
+    (dict(scaling="alpha"), {VALUES: "alpha / rank"}),
+    (dict(bias_trainable=True), {VALUES: "trainable parameters"}),
+    (dict(rank_check="sign"), {VALUES: "rank=2.5.*raised TypeError; it should raise ValueError"}),
+], ids=["keeps_base", "uses_frozen_base", "fp16_buffer", "float_attribute", "caches_weight", "unpacked_codes", "no_base_path",
+        "scaling_alpha", "bias_trainable", "rank_not_int"])
+def test_qlora_linear_rejects(flags, fails):
+    _grade("QLoRALinear", make_qlora(NF4_QUANTIZE, NF4_DEQUANTIZE, **flags), fails)
+
+
+def test_qlora_linear_rejects_a_fixed_block_size():
+    """A block size of 64 whatever the argument: wrong values, but only the 4-bit state is kept."""
+    _grade("QLoRALinear", _fixed_block_qlora(), {VALUES: "block_size"})
 
 
 # --- the same checks through the sandbox, as at autograde ------------------------------------------
-test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(
-    CHAPTER, WRONG, {exercise: grade_id for grade_id, exercise in EXERCISES.items()})
+test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(CHAPTER, WRONG, SANDBOX_CELL)

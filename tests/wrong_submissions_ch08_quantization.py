@@ -1,4 +1,8 @@
-"""Plausible wrong answers for chapter 8, one per exercise: each must lose points when autograded."""
+"""Plausible wrong answers for chapter 8, one per exercise: each must lose points when autograded.
+
+Each fails the graded cell of the property it gets wrong (``SANDBOX_CELL`` in test_hidden_ch08_quantization.py):
+the partial block dropped by absmax_quantize costs its edge-cases cell, the float base layer kept by
+QLoRALinear its memory cell, the others their values cell."""
 
 WRONG = {
     ("ch08_quantization", "round_to_bf16"): '''
