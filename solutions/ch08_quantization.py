@@ -996,7 +996,7 @@ class QLoRALinear(nn.Module):
     inputs of shape (2, 3, 37) and (5, 37). Values: the trainable parameters, their shapes and initialisation,
     the scaling; with a nonzero lora_B loaded with ``load_state_dict``, the output, the input gradient and the
     gradients of lora_A and lora_B against a float64 reference built on the NF4 weight, no gradient for
-    anything else; rank 0, -1 and 2.5 for the ValueError. Memory: after construction and after a forward and
+    anything else. Errors (a cell of its own): rank 0, -1 and 2.5 raise ValueError, ranks 1 and 4 do not. Memory: after construction and after a forward and
     backward pass the module may hold no floating tensor with as many values as the weight (parameters,
     buffers and plain attributes of every submodule, inside lists, tuples and dicts too), and all it holds
     besides lora_A, lora_B and the bias must fit in what ``nf4_quantize`` returns plus a little slack; with
@@ -1049,6 +1049,12 @@ W_nf4 = nf4_dequantize(*nf4_quantize(W0), W0.shape)
 torch.testing.assert_close(layer(x), x @ W_nf4.T + base.bias, msg="at initialisation: the NF4 base layer")
 layer(x).sum().backward()
 assert layer.lora_B.grad is not None, "lora_B gets a gradient"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch08_quantization", "test_qlora_linear", globals())
+### END HIDDEN TESTS
+
+# %% test="test_qlora_linear_errors" points=1
 try:
     QLoRALinear(nn.Linear(4, 3), rank=0, alpha=1.0)
 except ValueError:
@@ -1057,7 +1063,7 @@ else:
     raise AssertionError("rank=0 should raise ValueError")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
-from grader.api import run_hidden; run_hidden("ch08_quantization", "test_qlora_linear", globals())
+from grader.api import run_hidden; run_hidden("ch08_quantization", "test_qlora_linear_errors", globals())
 ### END HIDDEN TESTS
 
 # %% test="test_qlora_linear_memory" points=1

@@ -26,7 +26,7 @@ CELLS = {"round_to_bf16": ["test_round_to_bf16", "test_round_to_bf16_edge_cases"
          "nf4_codebook": ["test_nf4_codebook"],
          "nf4_quantize": ["test_nf4_quantize", "test_nf4_quantize_edge_cases"],
          "nf4_dequantize": ["test_nf4_dequantize", "test_nf4_dequantize_edge_cases"],
-         "QLoRALinear": ["test_qlora_linear", "test_qlora_linear_memory"]}
+         "QLoRALinear": ["test_qlora_linear", "test_qlora_linear_memory", "test_qlora_linear_errors"]}
 GRADE_IDS = [grade_id for cells in CELLS.values() for grade_id in cells]
 # The cell each plausible wrong submission of wrong_submissions_ch08_quantization.py fails in the sandbox.
 SANDBOX_CELL = {"round_to_bf16": "test_round_to_bf16", "absmax_quantize": "test_absmax_quantize_edge_cases",
@@ -366,7 +366,7 @@ def _fixed_block_qlora():
     return make_qlora(quantize_default_block, dequantize_default_block)
 
 
-VALUES, MEMORY = "test_qlora_linear", "test_qlora_linear_memory"
+VALUES, MEMORY, ERRORS = "test_qlora_linear", "test_qlora_linear_memory", "test_qlora_linear_errors"
 
 
 @pytest.mark.parametrize("flags, fails", [
@@ -379,9 +379,10 @@ VALUES, MEMORY = "test_qlora_linear", "test_qlora_linear_memory"
     (dict(base_path=False), {VALUES: "", MEMORY: "far more than NF4's rounding"}),
     (dict(scaling="alpha"), {VALUES: "alpha / rank"}),
     (dict(bias_trainable=True), {VALUES: "trainable parameters"}),
-    (dict(rank_check="sign"), {VALUES: "rank=2.5.*raised TypeError; it should raise ValueError"}),
+    (dict(rank_check="sign"), {ERRORS: "rank=2.5.*raised TypeError; it should raise ValueError"}),
+    (dict(rank_check="none"), {ERRORS: "rank=0.*it should raise ValueError"}),
 ], ids=["keeps_base", "uses_frozen_base", "fp16_buffer", "float_attribute", "caches_weight", "unpacked_codes", "no_base_path",
-        "scaling_alpha", "bias_trainable", "rank_not_int"])
+        "scaling_alpha", "bias_trainable", "rank_not_int", "no_rank_check"])
 def test_qlora_linear_rejects(flags, fails):
     _grade("QLoRALinear", make_qlora(NF4_QUANTIZE, NF4_DEQUANTIZE, **flags), fails)
 

@@ -618,6 +618,13 @@ def check_qlora_linear(nb):
         if extra:
             raise AssertionError(f"{extra} received gradients: the frozen base (weight and bias) gets none")
 
+
+@hidden_test("test_qlora_linear_errors")
+def check_qlora_linear_errors(nb):
+    for good in (1, 4):
+        got = _raised(nb, "QLoRALinear", nn.Linear(37, 53), good, 1.0)
+        if got:
+            raise AssertionError(f"QLoRALinear(base, rank={good}, alpha=1.0) raised {got}: rank {good} is valid")
     for bad in (0, -1, 2.5):
         got = _raised(nb, "QLoRALinear", nn.Linear(37, 53), bad, 1.0)
         if got != "ValueError":
