@@ -661,6 +661,11 @@ def ch10_trace(fn: Callable, *args, **kwargs) -> dict:
     names of the aten operators it ran ("ops", sorted) and the largest tensor any operator produced,
     measured by the elements of its storage (views of a smaller tensor count as that tensor):
     "max_elements" and "max_shape"."""
+    return _ch10_trace(fn, args, kwargs)
+
+
+def _ch10_trace(fn: Callable, args: tuple, kwargs: dict, ignore: frozenset = frozenset()) -> dict:
+    """ch10_trace; tensors on a storage whose address is in ``ignore`` (the probe's own) are not counted."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
@@ -671,7 +676,7 @@ def ch10_trace(fn: Callable, *args, **kwargs) -> dict:
             out = func(*args, **(kwargs or {}))
             seen["ops"].add(str(func.overloadpacket.__name__))
             for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in ignore:
                     elements = t.untyped_storage().nbytes() // max(t.element_size(), 1)
                     if elements > seen["max_elements"]:
                         seen["max_elements"], seen["max_shape"] = elements, list(t.shape)
@@ -886,6 +891,7 @@ def ch10_triton_run(fn: Callable, *args, spaced: bool = False) -> dict:
         return original["atomic_cas"](ptrs, expected, values, sem)
 
     wrappers.update(load=load, store=store, atomic_rmw=atomic_rmw, atomic_cas=atomic_cas)
+    ignore = frozenset()
     if spaced:  # [gap | t0 | gap | t1 | ... | gap], each gap far longer than a block of rows
         gap, tensors = 8192, [a for a in args if isinstance(a, torch.Tensor) and a.dtype == torch.float32]
         buffer = torch.zeros(gap + sum(t.numel() + gap for t in tensors))
@@ -894,11 +900,12 @@ def ch10_triton_run(fn: Callable, *args, spaced: bool = False) -> dict:
             placed[id(t)] = buffer[at:at + t.numel()].view(t.shape).copy_(t)
             at += t.numel() + gap
         args = tuple(placed.get(id(a), a) for a in args)
+        ignore = frozenset({buffer.untyped_storage().data_ptr()})  # the inputs' views: not the student's tensors
     try:
         for name, wrapper in wrappers.items():
             setattr(c_mod, name, wrapper)
         executor._init_args_hst, executor._restore_args_dev = init_args_hst, restore_args_dev
-        traced = ch10_trace(fn, *args)
+        traced = _ch10_trace(fn, args, {}, ignore)
     finally:
         executor._init_args_hst, executor._restore_args_dev = init_args, restore_args
         for name, function in original.items():

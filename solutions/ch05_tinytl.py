@@ -238,10 +238,12 @@ class LiteResidual(nn.Module):
         ValueError: a channel count, stride, downsample or kernel_size below 1, an even kernel_size,
             or groups below 1 or not dividing both channel counts.
 
-    Graded on (arguments passed by position, in the signature's order): the ValueError for groups not
-    dividing a channel count, downsample 0, stride 0 and an even kernel_size; batches of 3 and 4 with 1 to
-    10 channels, maps of 5 × 6 to 9 × 7 (odd and even sides), strides 1 and 2, downsample 1, 2, 4 and 8 (a
-    window wider than a side of the map), groups 1 to 4, kernel sizes 3 and 5: the output shape, exact zeros
+    Graded on (arguments passed by position, in the signature's order): the ValueError for each case above
+    (a channel count 0, stride 0 and -2, downsample 0, kernel_size -1 and 4, groups 0, groups not dividing the
+    input or the output channels), and none for valid arguments at their smallest (all 1; a 1×1 kernel with
+    one group per channel); batches of 3 and 4 with 1 to 10 channels, maps of 5 × 6 to 9 × 7 (odd and even
+    sides), strides 1 and 2, downsample 1, 2, 4 and 8 (a window wider than a side of the map), groups 1 to 4,
+    kernel sizes 3 and 5: the output shape, exact zeros
     at init in train and eval mode, a nonzero gradient of the final γ at init, the parameter shapes and
     order; then, with random values in both norms' γ and β, the train-mode output and the gradients of the
     input and of every parameter against a float64 reference that the grader builds from your parameters by
@@ -285,7 +287,7 @@ class LiteResidual(nn.Module):
         ### END SOLUTION
 
 
-# %% test="test_LiteResidual" points=3
+# %% test="test_LiteResidual" points=2
 lite = LiteResidual(6, 8, stride=2)
 x_lite = torch.randn(4, 6, 7, 9)
 out = lite(x_lite)
@@ -296,22 +298,43 @@ assert shapes == [(8, 3, 5, 5), (8,), (8,), (8, 8, 1, 1), (8,), (8,)], f"paramet
 out.sum().backward()
 assert lite.final_norm.weight.grad.abs().sum() > 0, "γ of the final norm must receive a gradient at init"
 assert LiteResidual(6, 8, downsample=4)(x_lite).shape == (4, 8, 7, 9)
-for bad in (dict(groups=4), dict(downsample=0), dict(kernel_size=4)):
-    try:
-        LiteResidual(6, 8, **bad)
-    except ValueError:
-        pass
-    else:
-        raise AssertionError(f"LiteResidual(6, 8, {bad}) should raise ValueError")
-with saved_tensors(lite) as rec:
-    LiteResidual(16, 16)(torch.randn(4, 16, 16, 16))
+with torch.no_grad():  # move γ away from 0: the branch is now the docstring's formula
+    lite.final_norm.weight.fill_(1.0)
+h_lite = F.relu(lite.norm(lite.conv(avg_pool_lean(x_lite, 2))))
+expected = F.interpolate(lite.final_norm(lite.pointwise(h_lite)), size=(4, 5), mode="bilinear", align_corners=False)
+assert torch.allclose(lite(x_lite), expected, atol=1e-6), \
+    "pool → conv → norm → ReLU → 1×1 conv → final norm → bilinear upsampling, in this order"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch05_tinytl", "test_LiteResidual", globals())
+### END HIDDEN TESTS
+
+# %% test="test_LiteResidual_memory" points=1
+with saved_tensors() as rec:
+    LiteResidual(16, 16)(torch.randn(4, 16, 16, 16, requires_grad=True))
 pooled_bytes = 4 * 16 * 8 * 8 * 4  # one (4, 16, 8, 8) fp32 tensor
 assert rec.activation_bytes < 5 * pooled_bytes, \
     f"{rec.activation_bytes:,} bytes kept: the four tensors at 8×8 take ~{4 * pooled_bytes:,}; is the 16×16 input " \
     "kept too? Pool with avg_pool_lean"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
-from grader.api import run_hidden; run_hidden("ch05_tinytl", "test_LiteResidual", globals())
+from grader.api import run_hidden; run_hidden("ch05_tinytl", "test_LiteResidual_memory", globals())
+### END HIDDEN TESTS
+
+# %% test="test_LiteResidual_edge_cases" points=1
+for bad in (dict(groups=4), dict(groups=0), dict(downsample=0), dict(stride=0), dict(kernel_size=4),
+            dict(kernel_size=-1), dict(in_channels=0)):
+    try:
+        LiteResidual(**{"in_channels": 6, "out_channels": 8, **bad})
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"LiteResidual(in_channels=6, out_channels=8, {bad}) should raise ValueError")
+smallest = LiteResidual(1, 1, 1, 1, 1, 1)  # every argument at its smallest valid value
+assert smallest(torch.randn(3, 1, 5, 6)).shape == (3, 1, 5, 6)
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch05_tinytl", "test_LiteResidual_edge_cases", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -369,7 +392,7 @@ def apply_tinytl(model):
     ### END SOLUTION
 
 
-# %% test="test_apply_tinytl" points=3
+# %% test="test_apply_tinytl" points=2
 base = load_pretrained_cnn()
 tiny = apply_tinytl(load_pretrained_cnn())
 x_check = target.test.x[:16]
@@ -384,13 +407,38 @@ assert lite_count == len(tiny.blocks), f"{lite_count} LiteResidual modules for {
 trainable_weights = [n for n in names if n.endswith("weight") and "classifier" not in n
                   and not any(isinstance(m, LiteResidual) and n.startswith(k + ".") for k, m in tiny.named_modules())]
 assert not trainable_weights, f"original weights still trainable: {trainable_weights}"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch05_tinytl", "test_apply_tinytl", globals())
+### END HIDDEN TESTS
+
+# %% test="test_apply_tinytl_memory" points=1
 with saved_tensors(tiny) as rec:
     tiny.train()(x_step)
 assert not any(s.dtype == torch.float32 and s.shape == (32, 32, 8, 8) for s in rec.tensors), \
     "a (32, 32, 8, 8) fp32 tensor is kept: is the first block's ReLU still nn.ReLU?"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
-from grader.api import run_hidden; run_hidden("ch05_tinytl", "test_apply_tinytl", globals())
+from grader.api import run_hidden; run_hidden("ch05_tinytl", "test_apply_tinytl_memory", globals())
+### END HIDDEN TESTS
+
+# %% test="test_apply_tinytl_trains" points=1
+tiny = apply_tinytl(load_pretrained_cnn())
+opt_check = torch.optim.Adam([p for p in tiny.parameters() if p.requires_grad], lr=1e-2)
+start_check = {n: p.detach().clone() for n, p in tiny.named_parameters() if p.requires_grad}
+losses_check = []
+for _ in range(3):
+    loss_check = F.cross_entropy(tiny.train()(x_step), y_step)
+    opt_check.zero_grad()
+    loss_check.backward()
+    opt_check.step()
+    losses_check.append(loss_check.item())
+assert losses_check[-1] < losses_check[0], f"three Adam steps did not lower the loss: {losses_check}"
+still = [n for n, p in tiny.named_parameters() if n in start_check and torch.equal(p, start_check[n])]
+assert not still, f"these trainable parameters never changed: {still}"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch05_tinytl", "test_apply_tinytl_trains", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]

@@ -248,16 +248,20 @@ class GradScaler:
     is refused by the grader.
 
     Graded on: step by step against ``torch.amp.GradScaler("cpu")`` with the same arguments, over a
-    hand-written sequence and other sequences of up to 30 steps (SGD with momentum and Adam; growth_interval 2
-    and 3, growth_factor 2 and 4, backoff_factor 0.5 and 0.25, init_scale from 512 to 2^127, where the scaled
-    loss itself overflows), with inf, -inf or NaN written into one gradient after the backward, ``unscale_``
-    called before ``step`` at random, a parameter whose .grad stays None and a frozen one in the optimizer:
-    the scale before ``step``, between ``step`` and ``update`` and after ``update``; the gradients after the
-    backward, after ``unscale_`` and after ``step``; the parameters and the optimizer state after each step;
-    the gradients of one more ``scale(loss).backward()`` after the last ``update``. ``scale`` is also given
-    float32, float16 and bfloat16 tensors of shape (2, 3) that require grad; backward through the result must
-    give them S. The ``grad_scaler`` modules and ``torch.cpu.amp.GradScaler`` are refused too. Each graded
-    cell may use 60 s and 4 GiB.
+    hand-written sequence and other sequences of up to 30 steps (SGD with momentum and Adam; growth_interval 1
+    to 3, growth_factor 2 and 4, backoff_factor 0.5 and 0.25, init_scale from 512 to 2^127, where the scaled
+    loss itself overflows, and 2^126, whose growth would pass float32's largest number), with inf, -inf or
+    NaN written into one gradient after the backward, ``unscale_`` called before ``step`` at random, a
+    parameter whose .grad stays None and a frozen one in the optimizer. Values (torch's scaler then follows
+    your scales): the gradients after the backward, after ``unscale_`` and after ``step``; what ``step``
+    returns (None when skipped); the parameters and the optimizer state after each step; the gradients of one
+    more ``scale(loss).backward()`` after the last ``update``; and ``scale`` given float32, float16 and
+    bfloat16 tensors of shape (2, 3) that require grad (backward through the result must give them S).
+    Schedule: the scale before ``step``, between ``step`` and ``update`` and after ``update``. Interface: the
+    ValueErrors of ``__init__``, the RuntimeErrors the methods' docstrings state, no error in a valid use
+    (``update()`` after ``unscale_`` alone included), ``step(optimizer, closure)`` returning what
+    ``optimizer.step(closure)`` returned, ``get_scale()`` a Python float. The ``grad_scaler`` modules and
+    ``torch.cpu.amp.GradScaler`` are refused too. Each graded cell may use 60 s and 4 GiB.
     """
 
     def __init__(self, init_scale: float = 65536.0, growth_factor: float = 2.0, backoff_factor: float = 0.5,
@@ -352,7 +356,7 @@ class GradScaler:
         ### END SOLUTION
 
 
-# %% test="test_GradScaler" points=6
+# %% test="test_GradScaler" points=3
 def replay(scaler, overflows, unscale_first=()):
     """Steps of SGD with momentum on a tiny regression; an overflow is an inf written into a gradient."""
     torch.manual_seed(0)
@@ -377,8 +381,6 @@ def replay(scaler, overflows, unscale_first=()):
 pattern = [0, 0, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0]
 ours, ours_w = replay(GradScaler(init_scale=1024.0, growth_interval=3), pattern, unscale_first={1, 4})
 ref, ref_w = replay(torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3), pattern, unscale_first={1, 4})
-assert isinstance(ours[0], float), "get_scale() returns a Python float"
-assert ours == ref, f"scale after each update:\n  yours {ours}\n  torch {ref}"
 for i, (a, b) in enumerate(zip(ours_w, ref_w)):
     torch.testing.assert_close(a, b, msg=f"the weights differ from torch's after step {i + 1} "
                                          "(a step with an inf gradient must be skipped; unscale only once)")
@@ -391,15 +393,54 @@ scaler.scale(model(torch.randn(4, 3)).sum()).backward()
 g = model.weight.grad.clone()
 scaler.unscale_(opt)
 torch.testing.assert_close(model.weight.grad, g / 64, msg="unscale_ divides every gradient by the scale")
+half = torch.ones(2, 3, dtype=torch.float16, requires_grad=True)
+scaled = scaler.scale(half)
+assert scaled.dtype == torch.float16, "scale(loss) keeps the loss's dtype"
+scaled.sum().backward()
+assert torch.equal(half.grad, torch.full((2, 3), 64.0, dtype=torch.float16)), "backward through scale(t) gives S"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_GradScaler", globals())
+### END HIDDEN TESTS
+
+# %% test="test_GradScaler_update" points=2
+assert ours == ref, f"scale after each update:\n  yours {ours}\n  torch {ref}"
+kwargs = dict(init_scale=512.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=2)
+pattern = [0, 0, 1, 0, 1, 0, 0, 0, 0, 0]
+ours, _ = replay(GradScaler(**kwargs), pattern)
+ref, _ = replay(torch.amp.GradScaler("cpu", **kwargs), pattern)
+assert ours == ref, f"growth_factor=4, backoff_factor=0.25: scale after each update\n  yours {ours}\n  torch {ref}"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_GradScaler_update", globals())
+### END HIDDEN TESTS
+
+# %% test="test_GradScaler_interface" points=1
+assert isinstance(GradScaler().get_scale(), float), "get_scale() returns a Python float"
+for bad in (dict(init_scale=0.0), dict(growth_factor=1.0), dict(backoff_factor=1.0), dict(growth_interval=0)):
+    try:
+        GradScaler(**bad)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"GradScaler({bad}) should raise ValueError")
+torch.manual_seed(1)
+model = nn.Linear(3, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+scaler = GradScaler(init_scale=64.0)
+scaler.scale(model(torch.randn(4, 3)).sum()).backward()
+scaler.unscale_(opt)
 try:
     scaler.unscale_(opt)
 except RuntimeError:
     pass
 else:
     raise AssertionError("a second unscale_ before update() must raise RuntimeError")
+assert scaler.step(opt, lambda: 0.25) == 0.25, "step(optimizer, closure) returns what optimizer.step(closure) returns"
+scaler.update()
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
-from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_GradScaler", globals())
+from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_GradScaler_interface", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -453,7 +494,7 @@ def mixed_precision_step(model, optimizer, scaler, inputs, targets, loss_fn, dty
     ### END SOLUTION
 
 
-# %% test="test_mixed_precision_step" points=4
+# %% test="test_mixed_precision_step" points=2
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 3))
 ref_net = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 3))
@@ -462,23 +503,41 @@ xb, yb = torch.randn(9, 6), torch.randint(0, 3, (9,))
 opt, ref_opt = torch.optim.SGD(net.parameters(), lr=0.5), torch.optim.SGD(ref_net.parameters(), lr=0.5)
 scaler = torch.amp.GradScaler("cpu", init_scale=256.0, growth_interval=1)
 loss = mixed_precision_step(net, opt, scaler, xb, yb, nn.CrossEntropyLoss(), torch.float16)
-assert isinstance(loss, float), f"return the loss as a Python float, got {type(loss).__name__}"
 assert all(p.dtype == torch.float32 for p in net.parameters()), "the master weights must stay float32"
-assert scaler.get_scale() == 512.0, "call scaler.update() once per step (growth_interval=1 doubles the scale)"
 with torch.autocast("cpu", dtype=torch.float16):
     ref_loss = nn.CrossEntropyLoss()(ref_net(xb), yb)
 (ref_loss * 256.0).backward()
 for p in ref_net.parameters():
     p.grad /= 256.0
 ref_opt.step()
-assert abs(loss - ref_loss.item()) < 1e-6, f"loss {loss}, expected {ref_loss.item()} (before scaling, under autocast)"
 for p, q in zip(net.parameters(), ref_net.parameters()):
     torch.testing.assert_close(p, q, msg="the parameters after one step differ from an autocast reference")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_mixed_precision_step", globals())
+### END HIDDEN TESTS
+
+# %% test="test_mixed_precision_step_scaler" points=1
+assert scaler.get_scale() == 512.0, "call scaler.update() once per step (growth_interval=1 doubles the scale)"
+before = [p.detach().clone() for p in net.parameters()]
+mixed_precision_step(net, opt, scaler, xb, yb, lambda out, y: nn.functional.cross_entropy(out, y) * float("inf"),
+                     torch.float16)
+assert all(torch.equal(p, q) for p, q in zip(net.parameters(), before)), \
+    "an inf loss gives inf gradients: scaler.step(optimizer) must skip the step"
+assert scaler.get_scale() == 256.0, "after the skipped step, scaler.update() halves the scale"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_mixed_precision_step_scaler", globals())
+### END HIDDEN TESTS
+
+# %% test="test_mixed_precision_step_returns" points=1
+assert isinstance(loss, float), f"return the loss as a Python float, got {type(loss).__name__}"
+assert abs(loss - ref_loss.item()) < 1e-6, f"loss {loss}, expected {ref_loss.item()} (before scaling, under autocast)"
 loss = mixed_precision_step(net, opt, None, xb, yb, nn.CrossEntropyLoss(), torch.bfloat16)
 assert isinstance(loss, float), "with scaler=None (bf16), return the loss as a float too"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
-from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_mixed_precision_step", globals())
+from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_mixed_precision_step_returns", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]

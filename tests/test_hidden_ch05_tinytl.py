@@ -19,7 +19,9 @@ from sandbox_checks import sandbox_tests
 
 CHAPTER = "ch05_tinytl"
 CHECKS = checks_for(CHAPTER)
-GRADE_IDS = ("test_LiteResidual", "test_apply_tinytl")
+LITE_IDS = ("test_LiteResidual", "test_LiteResidual_memory", "test_LiteResidual_edge_cases")
+APPLY_IDS = ("test_apply_tinytl", "test_apply_tinytl_memory", "test_apply_tinytl_trains")
+GRADE_IDS = LITE_IDS + APPLY_IDS
 
 
 # --- the setup cell's helpers, written another way -----------------------------------------------------
@@ -57,9 +59,14 @@ def make_lite(gamma=0.0, pool="lean", up="bilinear", stride_in_conv=False, check
     class LiteResidual(nn.Module):
         def __init__(self, in_channels, out_channels, stride=1, downsample=2, groups=2, kernel_size=5):
             super().__init__()
-            if check and (min(in_channels, out_channels, stride, downsample, groups, kernel_size) < 1
-                          or kernel_size % 2 == 0 or in_channels % groups or out_channels % groups):
+            # check=True: every condition of the docstring; "old": what the grader once tested (no channel count,
+            # no kernel_size below 1; torch's Conv2d then raises for groups); False: none.
+            lowest = (min(in_channels, out_channels, stride, downsample, groups, kernel_size) if check is True
+                      else min(stride, downsample) if check == "old" else 1)
+            if check and (lowest < 1 or kernel_size % 2 == 0):
                 raise ValueError("bad LiteResidual arguments")
+            if check is True and (in_channels % groups or out_channels % groups):
+                raise ValueError("groups must divide both channel counts")
             self.stride, self.downsample = stride, downsample
             s = stride if stride_in_conv else 1
             self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, s, kernel_size // 2, groups=groups, bias=False)
@@ -92,8 +99,8 @@ class LiteResidual(nn.Module):
 
     def __init__(self, in_channels, out_channels, stride=1, downsample=2, groups=2, kernel_size=5):
         super().__init__()
-        if downsample < 1 or stride < 1 or kernel_size < 1 or kernel_size % 2 == 0 or groups < 1 \
-                or in_channels % groups or out_channels % groups:
+        if in_channels <= 0 or out_channels <= 0 or downsample < 1 or stride < 1 or kernel_size < 1 \
+                or kernel_size % 2 == 0 or groups < 1 or in_channels % groups or out_channels % groups:
             raise ValueError(f"bad arguments {in_channels, out_channels, stride, downsample, groups, kernel_size}")
         self.stride, self.downsample = stride, downsample
         self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, padding="same", groups=groups, bias=False)
@@ -189,21 +196,6 @@ def test_other_correct_implementations_pass():
         CHECKS[grade_id](ns)
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (make_lite(gamma=1.0), "not exactly zero"),
-    (make_lite(up="input"), "returned shape"),
-    (make_lite(stride_in_conv=True, up="nearest"), "differs from the reference"),
-    (make_lite(up="nearest"), "differs from the reference"),
-    (make_lite(pool="floor"), "Output size is too small"),  # 7×9 pooled by 8 without ceil_mode: empty
-    (make_lite(norm="group"), "differs from the reference"),
-    (make_lite(pool="torch"), "full resolution"),
-    (make_lite(check=False), "should raise ValueError"),
-])
-def test_lite_residual_rejects(wrong, message):
-    with pytest.raises((AssertionError, RuntimeError), match=message):  # RuntimeError: the submission's own crash
-        CHECKS["test_LiteResidual"](namespace(LiteResidual=wrong))
-
-
 def zero_scale_as_buffer():
     """A branch multiplied by a zero *buffer*: zero at init but γ can never learn."""
     base = make_lite(gamma=1.0)
@@ -219,27 +211,75 @@ def zero_scale_as_buffer():
     return LiteResidual
 
 
-def test_lite_residual_rejects_untrainable_zero():
-    with pytest.raises(AssertionError, match="received no gradient"):
-        CHECKS["test_LiteResidual"](namespace(LiteResidual=zero_scale_as_buffer()))
+# (wrong LiteResidual, the cell it fails, what its message says)
+LITE_WRONG = [
+    (make_lite(gamma=1.0), "test_LiteResidual", "not exactly zero"),
+    (make_lite(up="input"), "test_LiteResidual", "returned shape"),
+    (make_lite(stride_in_conv=True, up="nearest"), "test_LiteResidual", "differs from the reference"),
+    (make_lite(up="nearest"), "test_LiteResidual", "differs from the reference"),
+    (make_lite(pool="floor"), "test_LiteResidual", "Output size is too small"),  # 7×9 pooled by 8, no ceil_mode
+    (make_lite(norm="group"), "test_LiteResidual", "differs from the reference"),
+    (zero_scale_as_buffer(), "test_LiteResidual", "received no gradient"),
+    (make_lite(pool="torch"), "test_LiteResidual_memory", "full resolution"),
+    (make_lite(check=False), "test_LiteResidual_edge_cases", "should raise ValueError"),
+    (make_lite(check="old"), "test_LiteResidual_edge_cases", r"in_channels=0 \(a channel count below 1\)"),
+]
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (make_apply(freeze_weights=False), r"output at init \(train mode\)"),
-    (make_apply(freeze_weights="bn-only"), "every original weight"),
-    (make_apply(train_bias=False), "every bias trains"),
-    (make_apply(one_bit=False), "relu_1bit"),
-    (make_apply(make_lite(gamma=1.0)), "output at init"),
-    (make_apply(on_output=True), "fed with the block's input"),
-    (make_apply(blocks={0, 1}), "one per block"),
-    (make_apply(detach=True), "never changed"),
-    (make_apply(groups=1), "groups rule"),  # full k×k convolutions where the rule says 2 groups
-    (make_apply(kernel_size=3), "groups rule"),  # not the default kernel
+@pytest.mark.parametrize("wrong, grade_id, message", LITE_WRONG)
+def test_lite_residual_rejects(wrong, grade_id, message):
+    with pytest.raises((AssertionError, RuntimeError), match=message):  # RuntimeError: the submission's own crash
+        CHECKS[grade_id](namespace(LiteResidual=wrong))
+
+
+@pytest.mark.parametrize("wrong, grade_id", [
+    (make_lite(gamma=1.0), "test_LiteResidual"),
+    (make_lite(pool="torch"), "test_LiteResidual_memory"),
+    (make_lite(check="old"), "test_LiteResidual_edge_cases"),
 ])
-def test_apply_tinytl_rejects(wrong, message):
+def test_lite_residual_loses_only_its_property(wrong, grade_id):
+    """One mistake costs the points of its own cell: the other cells of the exercise pass."""
+    ns = namespace(LiteResidual=wrong)
+    for other in LITE_IDS:
+        if other != grade_id:
+            CHECKS[other](ns)
+
+
+# (wrong apply_tinytl, the cell it fails, what its message says)
+APPLY_WRONG = [
+    (make_apply(freeze_weights=False), "test_apply_tinytl", r"output at init \(train mode\)"),
+    (make_apply(freeze_weights="bn-only"), "test_apply_tinytl", "every original weight"),
+    (make_apply(train_bias=False), "test_apply_tinytl", "every bias trains"),
+    (make_apply(make_lite(gamma=1.0)), "test_apply_tinytl", "output at init"),
+    (make_apply(on_output=True), "test_apply_tinytl", "fed with the block's input"),
+    (make_apply(blocks={0, 1}), "test_apply_tinytl", "one per block"),
+    (make_apply(groups=1), "test_apply_tinytl", "groups rule"),  # full k×k convolutions where the rule says 2
+    (make_apply(kernel_size=3), "test_apply_tinytl", "groups rule"),  # not the default kernel
+    (make_apply(one_bit=False), "test_apply_tinytl_memory", r"ReLU1bit\(\) \(relu_packed as a module\)"),
+    (make_apply(freeze_weights=False), "test_apply_tinytl_memory", "keep every original weight frozen"),
+    (make_apply(detach=True), "test_apply_tinytl_trains", "never changed"),
+]
+
+
+@pytest.mark.parametrize("wrong, grade_id, message", APPLY_WRONG)
+def test_apply_tinytl_rejects(wrong, grade_id, message):
     with pytest.raises(AssertionError, match=message):
-        CHECKS["test_apply_tinytl"](namespace(apply_tinytl=wrong))
+        CHECKS[grade_id](namespace(apply_tinytl=wrong))
+
+
+@pytest.mark.parametrize("wrong, grade_id", [
+    (make_apply(make_lite(gamma=1.0)), "test_apply_tinytl"),
+    (make_apply(one_bit=False), "test_apply_tinytl_memory"),
+    (make_apply(detach=True), "test_apply_tinytl_trains"),
+])
+def test_apply_tinytl_loses_only_its_property(wrong, grade_id):
+    """One mistake costs the points of its own cell: the other cells of the exercise pass."""
+    ns = namespace(apply_tinytl=wrong)
+    for other in APPLY_IDS:
+        if other != grade_id:
+            CHECKS[other](ns)
 
 
 # --- the same checks through the sandbox, as at autograde ------------------------------------------
-test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(CHAPTER, WRONG)
+test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(
+    CHAPTER, WRONG, {"LiteResidual": "test_LiteResidual", "apply_tinytl": "test_apply_tinytl"})

@@ -6,6 +6,8 @@ and its hidden tests cannot hide. The last tests run the same checks through the
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -16,24 +18,35 @@ from sandbox_checks import sandbox_tests
 
 CHAPTER = "ch09_mixed_precision"
 CHECKS = checks_for(CHAPTER)
-GRADE_IDS = ["test_GradScaler", "test_mixed_precision_step"]
+SCALER_IDS = ["test_GradScaler", "test_GradScaler_update", "test_GradScaler_interface"]
+STEP_IDS = ["test_mixed_precision_step", "test_mixed_precision_step_scaler", "test_mixed_precision_step_returns"]
+GRADE_IDS = SCALER_IDS + STEP_IDS
 
 
 # --- GradScaler: one family, correct with the defaults; each flag is one plausible mistake -----------
 def make_scaler(no_skip=False, zero_instead=False, grow_late=False, grow_early=False, keep_count_on_overflow=False,
                 keep_count_after_growth=False, unscale_in_step_always=False, second_unscale_ok=False,
                 inf_only=False, update_in_step=False, scale_to_float32=False, scale_detached=False,
-                crash_on_missing_grad=False):
+                crash_on_missing_grad=False, scale_uses_init=False, grow_to_inf=False, no_value_checks=False,
+                step_twice_ok=False, update_without_step_ok=False, no_step_return=False, no_step_args=False,
+                scale_tensor=False, step_returns_flag=False):
     class Scaler:
         def __init__(self, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+            if not no_value_checks:
+                if init_scale <= 0 or growth_factor <= 1 or not 0 < backoff_factor < 1:
+                    raise ValueError("bad scaling factors")
+                if type(growth_interval) is not int or growth_interval <= 0:
+                    raise ValueError("growth_interval must be a positive int")
             self.s, self.up, self.down, self.every = float(init_scale), growth_factor, backoff_factor, growth_interval
+            self.init = float(init_scale)
             self.clean = 1 if grow_early else 0
             self.unscaled, self.stepped, self.bad = set(), set(), None
 
         def scale(self, loss):
+            s = self.init if scale_uses_init else self.s
             if scale_detached:
-                return (loss * self.s).detach()
-            return loss.float() * self.s if scale_to_float32 else loss * self.s
+                return (loss * s).detach()
+            return loss.float() * s if scale_to_float32 else loss * s
 
         def unscale_(self, opt):
             if id(opt) in self.unscaled and not second_unscale_ok:
@@ -51,21 +64,32 @@ def make_scaler(no_skip=False, zero_instead=False, grow_late=False, grow_early=F
                     g.div_(self.s)
             self.unscaled.add(id(opt))
 
-        def step(self, opt):
+        def _step(self, opt, *args, **kwargs):
+            if id(opt) in self.stepped and not step_twice_ok:
+                raise RuntimeError("step() called twice before update()")
             if id(opt) not in self.unscaled or unscale_in_step_always:
                 self.unscaled.discard(id(opt))
                 self.unscale_(opt)
             self.stepped.add(id(opt))
             if self.bad and zero_instead:
                 opt.zero_grad(set_to_none=False)
-                out = opt.step()
+                out = opt.step(*args, **kwargs)
             elif self.bad and not no_skip:
                 out = None
             else:
-                out = opt.step()
+                out = opt.step(*args, **kwargs)
             if update_in_step:
                 self._update()
-            return out
+            if step_returns_flag:  # "did it step?"
+                return not self.bad
+            return None if no_step_return else out
+
+        if no_step_args:
+            def step(self, opt):
+                return self._step(opt)
+        else:
+            def step(self, opt, *args, **kwargs):
+                return self._step(opt, *args, **kwargs)
 
         def _update(self):
             if self.bad:
@@ -75,17 +99,22 @@ def make_scaler(no_skip=False, zero_instead=False, grow_late=False, grow_early=F
             else:
                 self.clean += 1
                 if (self.clean > self.every) if grow_late else (self.clean >= self.every):
-                    self.s *= self.up
+                    grown = self.s * self.up
+                    # torch keeps the scale in float32 and never grows it to inf there
+                    if grow_to_inf or math.isfinite(float(torch.tensor(grown, dtype=torch.float32))):
+                        self.s = grown
                     if not keep_count_after_growth:
                         self.clean = 0
 
         def update(self):
+            if self.bad is None and not update_without_step_ok:
+                raise RuntimeError("update() needs a step() or unscale_() first")
             if not update_in_step:
                 self._update()
             self.unscaled, self.stepped, self.bad = set(), set(), None
 
         def get_scale(self):
-            return self.s
+            return torch.tensor(self.s) if scale_tensor else self.s
 
     return Scaler
 
@@ -146,30 +175,48 @@ def test_correct_implementation_passes():
         CHECKS[grade_id](ns)
 
 
-def test_torch_grad_scaler_passes():
-    """torch.amp.GradScaler itself (on the CPU) is a correct GradScaler."""
+def test_torch_grad_scaler_passes_values_and_schedule():
+    """torch.amp.GradScaler itself (on the CPU) has the values and the schedule; its __init__ asserts instead
+    of raising ValueError, and its update() without a step() too, as the interface cell notices."""
     def torch_scaler(**kwargs):
         return torch.amp.GradScaler("cpu", **kwargs)
-    CHECKS["test_GradScaler"](namespace(GradScaler=torch_scaler))
+    ns = namespace(GradScaler=torch_scaler)
+    for grade_id in ("test_GradScaler", "test_GradScaler_update"):
+        CHECKS[grade_id](ns)
+    with pytest.raises(AssertionError, match="should raise ValueError"):
+        CHECKS["test_GradScaler_interface"](ns)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (dict(no_skip=True), "must be skipped"),
-    (dict(zero_instead=True), "must be skipped"),
-    (dict(grow_late=True), "reaches growth_interval"),
-    (dict(grow_early=True), "reaches growth_interval"),
-    (dict(keep_count_on_overflow=True), "reset the count"),
-    (dict(keep_count_after_growth=True), "reaches growth_interval"),
-    (dict(unscale_in_step_always=True), "must not unscale again"),
-    (dict(second_unscale_ok=True), "raise RuntimeError"),
-    (dict(inf_only=True), "NaN all count"),
-    (dict(update_in_step=True), "step\\(\\) does not change the scale"),
-    (dict(scale_to_float32=True), "keep the dtype of the loss"),
-    (dict(scale_detached=True), "attached to the autograd graph"),
-])
-def test_grad_scaler_rejects(flags, message):
+# (flags of a wrong GradScaler, the cell it fails, what its message says)
+SCALER_WRONG = [
+    (dict(no_skip=True), "test_GradScaler", "must be skipped"),
+    (dict(zero_instead=True), "test_GradScaler", "must be skipped"),
+    (dict(unscale_in_step_always=True), "test_GradScaler", "must not unscale again"),
+    (dict(scale_to_float32=True), "test_GradScaler", "keep the dtype of the loss"),
+    (dict(scale_detached=True), "test_GradScaler", "attached to the autograd graph"),
+    (dict(scale_uses_init=True), "test_GradScaler", "with S the scale get_scale\\(\\) reports"),
+    (dict(step_returns_flag=True), "test_GradScaler", "None when the step is skipped"),
+    (dict(grow_late=True), "test_GradScaler_update", "should have grown here"),
+    (dict(grow_early=True), "test_GradScaler_update", "grew too early"),
+    (dict(keep_count_on_overflow=True), "test_GradScaler_update", "reset the count on overflow"),
+    (dict(keep_count_after_growth=True), "test_GradScaler_update", "after growing"),
+    (dict(inf_only=True), "test_GradScaler_update", "inf, -inf and NaN all count"),
+    (dict(update_in_step=True), "test_GradScaler_update", "step\\(\\) does not change the scale"),
+    (dict(grow_to_inf=True), "test_GradScaler_update", "never grows to inf"),
+    (dict(no_value_checks=True), "test_GradScaler_interface", "should raise ValueError"),
+    (dict(second_unscale_ok=True), "test_GradScaler_interface", "a second unscale_"),
+    (dict(step_twice_ok=True), "test_GradScaler_interface", "a second step"),
+    (dict(update_without_step_ok=True), "test_GradScaler_interface", "update\\(\\) on a fresh scaler"),
+    (dict(no_step_return=True), "test_GradScaler_interface", "returned None, expected 0.25"),
+    (dict(no_step_args=True), "test_GradScaler_interface", "raised TypeError.*passes the extra arguments"),
+    (dict(scale_tensor=True), "test_GradScaler_interface", "expected a Python float"),
+]
+
+
+@pytest.mark.parametrize("flags, grade_id, message", SCALER_WRONG)
+def test_grad_scaler_rejects(flags, grade_id, message):
     with pytest.raises(AssertionError, match=message):
-        CHECKS["test_GradScaler"](namespace(GradScaler=make_scaler(**flags)))
+        CHECKS[grade_id](namespace(GradScaler=make_scaler(**flags)))
 
 
 def test_grad_scaler_rejects_crash_on_missing_grad():
@@ -177,27 +224,61 @@ def test_grad_scaler_rejects_crash_on_missing_grad():
         CHECKS["test_GradScaler"](namespace(GradScaler=make_scaler(crash_on_missing_grad=True)))
 
 
-@pytest.mark.parametrize("flags, message", [
-    (dict(no_autocast=True), "without autocast"),
-    (dict(always_bf16=True), "autocast ran with dtype"),
-    (dict(return_tensor=True), "Python float"),
-    (dict(return_scaled=True), "before scaling"),
-    (dict(no_zero_grad=True), "zero the gradients"),
-    (dict(bypass_scaler_step=True), "calls on the scaler"),
-    (dict(update_twice=True), "calls on the scaler|No inf checks"),
-    (dict(no_update=True), "calls on the scaler"),
-    (dict(backward_unscaled=True), "scaler.scale\\(loss\\)"),
-    (dict(loss_outside=True), "outside autocast"),
+@pytest.mark.parametrize("flags, grade_id", [
+    (dict(no_skip=True), "test_GradScaler"),
+    (dict(unscale_in_step_always=True), "test_GradScaler"),
+    (dict(grow_late=True), "test_GradScaler_update"),
+    (dict(keep_count_on_overflow=True), "test_GradScaler_update"),
+    (dict(step_twice_ok=True), "test_GradScaler_interface"),
+    (dict(no_value_checks=True), "test_GradScaler_interface"),
 ])
-def test_mixed_precision_step_rejects(flags, message):
+def test_grad_scaler_loses_only_its_property(flags, grade_id):
+    """One mistake costs the points of its own cell: the other cells of the exercise pass."""
+    ns = namespace(GradScaler=make_scaler(**flags))
+    for other in SCALER_IDS:
+        if other != grade_id:
+            CHECKS[other](ns)
+
+
+# (flags of a wrong mixed_precision_step, the cell it fails, what its message says)
+STEP_WRONG = [
+    (dict(no_autocast=True), "test_mixed_precision_step", "without autocast"),
+    (dict(always_bf16=True), "test_mixed_precision_step", "autocast ran with dtype"),
+    (dict(no_zero_grad=True), "test_mixed_precision_step", "zero the gradients"),
+    (dict(backward_unscaled=True), "test_mixed_precision_step", "scaler.scale\\(loss\\)"),
+    (dict(loss_outside=True), "test_mixed_precision_step", "outside autocast"),
+    (dict(bypass_scaler_step=True), "test_mixed_precision_step_scaler", "calls on the scaler"),
+    (dict(update_twice=True), "test_mixed_precision_step_scaler", "calls on the scaler|No inf checks"),
+    (dict(no_update=True), "test_mixed_precision_step_scaler", "calls on the scaler"),
+    (dict(return_tensor=True), "test_mixed_precision_step_returns", "Python float"),
+    (dict(return_scaled=True), "test_mixed_precision_step_returns", "before scaling"),
+]
+
+
+@pytest.mark.parametrize("flags, grade_id, message", STEP_WRONG)
+def test_mixed_precision_step_rejects(flags, grade_id, message):
     with pytest.raises(AssertionError, match=message):
-        CHECKS["test_mixed_precision_step"](namespace(mixed_precision_step=make_step(**flags)))
+        CHECKS[grade_id](namespace(mixed_precision_step=make_step(**flags)))
 
 
 def test_mixed_precision_step_rejects_half_model():
     """model.to(bfloat16): no float32 master weights (LayerNorm then refuses mixed dtypes under autocast)."""
     with pytest.raises(Exception):
         CHECKS["test_mixed_precision_step"](namespace(mixed_precision_step=make_step(half_model=True)))
+
+
+@pytest.mark.parametrize("flags, grade_id", [
+    (dict(no_zero_grad=True), "test_mixed_precision_step"),
+    (dict(no_autocast=True), "test_mixed_precision_step"),
+    (dict(bypass_scaler_step=True), "test_mixed_precision_step_scaler"),
+    (dict(return_scaled=True), "test_mixed_precision_step_returns"),
+])
+def test_mixed_precision_step_loses_only_its_property(flags, grade_id):
+    """One mistake costs the points of its own cell: the other cells of the exercise pass."""
+    ns = namespace(mixed_precision_step=make_step(**flags))
+    for other in STEP_IDS:
+        if other != grade_id:
+            CHECKS[other](ns)
 
 
 # --- the same checks through the sandbox, as at autograde ------------------------------------------

@@ -1,20 +1,25 @@
-"""Hidden tests of chapter 5 (TinyTL).
+"""Hidden tests of chapter 5 (TinyTL), one graded cell per property.
 
-LiteResidual: output shapes (strides 1 and 2, odd sizes, pooling 1/2/4/8), exact zeros at init in both
-modes, a gradient reaching the zero-initialised γ, then, after giving every norm parameter random
-values, outputs and gradients against a float64 reference rebuilt here from the fetched parameters,
-in the layer order, norm (training-mode BatchNorm) and upsampling (bilinear) that the docstring
-specifies: a grader that holds the student to a written specification, rather than to properties
-any variant would pass, is the fairer one when the specification is in the exercise (and it is the
-only way to notice a skipped pooling or a nearest-neighbour upsampling). Memory: no tensor at the
-input's full resolution is kept, read from outside the student's process on a large input
-(``grader.resources``; the in-process saved-bytes probe on a small one only explains).
+LiteResidual:
+- values (test_LiteResidual): output shapes (strides 1 and 2, odd sizes, pooling 1/2/4/8), exact zeros at
+  init in both modes, a gradient reaching the zero-initialised γ, then, after giving every norm parameter
+  random values, outputs and gradients against a float64 reference rebuilt here from the fetched
+  parameters, in the layer order, norm (training-mode BatchNorm) and upsampling (bilinear) that the
+  docstring specifies: a grader that holds the student to a written specification, rather than to
+  properties any variant would pass, is the fairer one when the specification is in the exercise (and it
+  is the only way to notice a skipped pooling or a nearest-neighbour upsampling).
+- memory: no tensor at the input's full resolution is kept, read from outside the student's process on a
+  large input (``grader.resources``); before it, the saved-bytes probe on a small input, run in the student's
+  process, gives the more detailed message (its claim alone never passes the cell).
+- edge cases: the ValueError of every condition under "Raises", and the smallest valid arguments accepted.
 
-apply_tinytl: outputs unchanged at init (eval and train mode), the trainable set exactly the original
-biases + the lite residuals + the classifier, one LiteResidual per block fed with the block's input,
-the main branch keeping no fp32 ReLU output (read from outside the student's process: a training
-forward minus the student's own LiteResidual modules on the same inputs), and a few
-Adam steps that lower the loss and move every trainable parameter.
+apply_tinytl:
+- structure (test_apply_tinytl): outputs unchanged at init (eval and train mode), the trainable set exactly
+  the original biases + the lite residuals + the classifier, one LiteResidual per block fed with the
+  block's input, the groups rule and default kernel in the number of new parameters.
+- memory: the main branch keeps no fp32 ReLU output (read from outside the student's process: a training
+  forward minus the student's own LiteResidual modules on the same inputs).
+- trains: a few Adam steps lower the loss and move every trainable parameter.
 """
 from __future__ import annotations
 
@@ -133,15 +138,6 @@ def _check_reference(nb, cin, cout, stride, d, groups, k, H, W, seed):
 
 @hidden_test("test_LiteResidual")
 def check_lite_residual(nb):
-    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
-    for bad, what in (((8, 8, 1, 2, 3, 5), "groups=3 does not divide 8 channels"),
-                      ((6, 8, 1, 2, 4, 5), "groups=4 does not divide 6 input channels"),
-                      ((8, 8, 1, 0, 2, 5), "downsample=0"), ((8, 8, 0, 2, 2, 5), "stride=0"),
-                      ((8, 8, 1, 2, 2, 4), "an even kernel_size (no 'same' padding)")):
-        names = fetch(nb.apply(probes.raised, nb.LiteResidual, *bad))
-        if names is None or "ValueError" not in names:
-            got = "returned a module" if names is None else f"raised {names[0]}"
-            raise AssertionError(f"LiteResidual{bad} {got}: {what} should raise ValueError")
     # Shapes and zeros: strides 1 and 2, odd sizes, pooling from none to coarser than the map.
     for i, (cin, cout, stride, d, groups, k, H, W) in enumerate([
             (6, 10, 1, 2, 2, 5, 7, 9), (6, 10, 2, 2, 2, 5, 7, 9), (4, 6, 1, 1, 2, 3, 7, 9), (4, 6, 2, 4, 1, 5, 7, 9),
@@ -151,7 +147,16 @@ def check_lite_residual(nb):
     for i, (cin, cout, stride, d, groups, k, H, W) in enumerate([
             (6, 10, 1, 2, 2, 5, 7, 9), (6, 4, 2, 2, 2, 3, 7, 9), (4, 6, 1, 4, 2, 5, 9, 7), (4, 6, 1, 1, 1, 3, 5, 6)]):
         _check_reference(nb, cin, cout, stride, d, groups, k, H, W, seed=40 + 10 * i)
-    # Memory: everything the branch keeps lives at the pooled resolution.
+
+
+POOL_HINT = ("a tensor at the input's full resolution is kept. nn.AvgPool2d / F.avg_pool2d keep their whole input "
+             "for backward (only to know its shape); pool with avg_pool_lean, and keep nothing of x yourself")
+
+
+@hidden_test("test_LiteResidual_memory")
+def check_lite_residual_memory(nb):
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
+    # First in the student's process (a claim its code controls; the message lists bytes): a small input.
     B, C, H = 4, 16, 16
     x, g = _randn(B, C, H, H, seed=90), _randn(B, C, H, H, seed=91)
     got = fetch(nb.apply(probes.ch05_lite_run, _lite(nb, C, C, 1, 2, 2, 5), x, g))
@@ -160,16 +165,56 @@ def check_lite_residual(nb):
     if got["activation_bytes"] > bound:
         raise AssertionError(
             f"LiteResidual(16, 16) on a (4, 16, 16, 16) input keeps {got['activation_bytes']:,} bytes for backward, "
-            f"more than its four tensors at the pooled 8×8 resolution (≤ {bound:,}): a tensor at the input's full "
-            "resolution is kept. nn.AvgPool2d / F.avg_pool2d keep their whole input; pool with avg_pool_lean")
+            f"more than its four tensors at the pooled 8×8 resolution (≤ {bound:,}; the input alone takes "
+            f"{B * C * H * H * 4:,}): {POOL_HINT}")
+    # Decides, from outside the student's process, on a large input.
     _check_lite_memory(nb, meter)
+
+
+# (arguments by position: in_channels, out_channels, stride, downsample, groups, kernel_size), what is wrong
+BAD_ARGUMENTS = (
+    ((0, 8, 1, 2, 1, 5), "in_channels=0 (a channel count below 1)"),
+    ((8, 0, 1, 2, 1, 5), "out_channels=0 (a channel count below 1)"),
+    ((8, 8, 0, 2, 2, 5), "stride=0"),
+    ((8, 8, -2, 2, 2, 5), "stride=-2"),
+    ((8, 8, 1, 0, 2, 5), "downsample=0"),
+    ((8, 8, 1, 2, 2, -1), "kernel_size=-1 (below 1, though odd)"),
+    ((8, 8, 1, 2, 2, 4), "an even kernel_size=4 (no 'same' padding)"),
+    ((8, 8, 1, 2, 0, 5), "groups=0"),
+    ((8, 8, 1, 2, 3, 5), "groups=3, which does not divide 8 channels"),
+    ((6, 8, 1, 2, 4, 5), "groups=4, which does not divide 6 input channels"),
+    ((8, 6, 1, 2, 4, 5), "groups=4, which does not divide 6 output channels"),
+)
+
+
+@hidden_test("test_LiteResidual_edge_cases")
+def check_lite_residual_edge_cases(nb):
+    for bad, what in BAD_ARGUMENTS:
+        names = fetch(nb.apply(probes.raised, nb.LiteResidual, *bad))
+        if names is None or "ValueError" not in names:
+            got = "returned a module" if names is None else f"raised {names[0]}"
+            raise AssertionError(
+                f"LiteResidual{bad} {got}: {what} should raise ValueError (check every argument in __init__, before "
+                "building the layers: channel counts, stride, downsample and kernel_size at least 1, kernel_size odd, "
+                "groups at least 1 and dividing both channel counts)")
+    # The smallest valid arguments are accepted: 1 channel, stride 1, no pooling, a 1×1 kernel, one group.
+    for args, H, W in (((1, 1, 1, 1, 1, 1), 5, 6), ((4, 4, 2, 8, 4, 1), 7, 9)):
+        names = fetch(nb.apply(probes.raised, nb.LiteResidual, *args))
+        if names is not None:
+            raise AssertionError(f"LiteResidual{args} raised {names[0]}: these arguments are valid (every value at "
+                                 "least 1, an odd kernel_size, groups dividing both channel counts)")
+        expected = (3, args[1], math.ceil(H / args[2]), math.ceil(W / args[2]))
+        shape = tuple(fetch(_lite(nb, *args)(_randn(3, args[0], H, W, seed=95))).shape)
+        if shape != expected:
+            raise AssertionError(f"LiteResidual{args} on a (3, {args[0]}, {H}, {W}) input returned shape {shape}, "
+                                 f"expected {expected}: (ceil(H / stride), ceil(W / stride)), whatever the pooling")
 
 
 def _check_lite_memory(nb, meter: Meter, B: int = 256, C: int = 32, H: int = 32, d: int = 4) -> None:
     """What the lite residual keeps for backward, read from outside the student's process on a large
     input that nothing else holds."""
     lite = nb.LiteResidual(C, C, 1, d, 2, 5)
-    # The earlier cases leave a few MiB of allocator caches and modules behind: allow for them.
+    # The small case before leaves a few MiB of allocator caches and modules behind: allow for them.
     held = _lite_held(meter, lite, (B, C, H, H), allowed_growth=GROWTH + 9 * MiB)
     pooled = B * C * (H // d) ** 2 * 4
     if held > 6 * pooled + MiB:
@@ -177,8 +222,7 @@ def _check_lite_memory(nb, meter: Meter, B: int = 256, C: int = 32, H: int = 32,
             f"LiteResidual({C}, {C}, downsample={d}) on a {(B, C, H, H)} input: between forward and backward, with "
             f"the input and output released, your process still held {mib(held)} more than before (read from "
             f"outside your process), while the branch's four tensors at the pooled resolution take {mib(4 * pooled)} "
-            f"and the input alone {mib(B * C * H * H * 4)}: a tensor at the input's full resolution is kept. "
-            "nn.AvgPool2d / F.avg_pool2d keep their whole input; pool with avg_pool_lean")
+            f"and the input alone {mib(B * C * H * H * 4)}: {POOL_HINT}")
 
 
 def _lite_held(meter: Meter, lite, shape, requires_grad: bool = True, allowed_growth: int = GROWTH) -> int:
@@ -223,13 +267,12 @@ def _check_main_branch_held(nb, meter: Meter, batch: int = 1024) -> None:
             f"a training forward of the TinyTL model on {batch} images kept {mib(whole.kept)} between forward and "
             f"backward (read from outside your process), of which {mib(lite)} is what your LiteResidual modules keep "
             f"alone: the main branch keeps {mib(main)}, while its 1-bit ReLU masks take {mib(masks)} and fp32 ReLU "
-            f"outputs would take {mib(batch * RELU_ELEMENTS * 4)}. Replace each block's ReLU by relu_1bit and keep "
-            "every original weight frozen")
+            f"outputs would take {mib(batch * RELU_ELEMENTS * 4)}. Replace each block's ReLU by ReLU1bit() "
+            "(relu_packed as a module) and keep every original weight frozen")
 
 
 @hidden_test("test_apply_tinytl")
 def check_apply_tinytl(nb):
-    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
     base = load_pretrained_cnn(seed=3)
     x, y = _target_batch(24)
     with torch.no_grad():
@@ -253,10 +296,12 @@ def check_apply_tinytl(nb):
             "only: every original weight (conv and BatchNorm) is frozen, every bias trains")
     outside = [p["name"] for p in new if not p["inside"]]
     if outside:
-        raise AssertionError(f"new parameters outside any LiteResidual: {outside}")
+        raise AssertionError(f"new parameters outside any LiteResidual: {outside}. The only parameters apply_tinytl "
+                             "adds are those of the LiteResidual modules beside the blocks")
     frozen = [p["name"] for p in new if not p["requires_grad"]]
     if frozen:
-        raise AssertionError(f"lite residual parameters that do not require grad: {frozen}")
+        raise AssertionError(f"lite residual parameters that do not require grad: {frozen}. Freeze the original "
+                             "weights before adding the lite residuals, whose parameters all train")
     calls = [[i[1:], o[1:]] for i, o in got["calls"]]
     if calls != [[list(i), list(o)] for i, o in BLOCK_SHAPES]:
         raise AssertionError(
@@ -275,7 +320,14 @@ def check_apply_tinytl(nb):
             f"the lite residuals hold {added:,} parameters in all, expected {expected:,}: one "
             "LiteResidual(in, out, stride) per block with its default 5×5 kernel and the groups rule (groups=2 when "
             "2 divides both channel counts, else 1)")
-    # Memory: outside the lite residuals, only 1-bit masks and small tensors remain.
+
+
+@hidden_test("test_apply_tinytl_memory")
+def check_apply_tinytl_memory(nb):
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
+    # First in the student's process (a claim its code controls; the message lists the tensors): outside the
+    # lite residuals, only 1-bit masks and small tensors.
+    x, y = _target_batch(24)
     tiny = nb.apply_tinytl(nb.put(load_pretrained_cnn(seed=3)))
     saved = fetch(nb.apply(probes.ch05_saved_split, tiny, x, y))
     masks = sum(-(-len(x) * math.prod(out) // 8) for _, out in BLOCK_SHAPES)
@@ -286,15 +338,26 @@ def check_apply_tinytl(nb):
         raise AssertionError(
             f"outside the lite residuals one training step keeps {saved['outside']['bytes']:,} bytes (largest: "
             f"{big}); 1-bit ReLU masks take {masks:,} bytes, fp32 ReLU outputs {fp32_relu:,}. Replace each block's "
-            "ReLU by relu_1bit and keep every original weight frozen")
+            "ReLU by ReLU1bit() (relu_packed as a module) and keep every original weight frozen")
+    # Decides, from outside the student's process, on a large batch.
     _check_main_branch_held(nb, meter)
+
+
+@hidden_test("test_apply_tinytl_trains")
+def check_apply_tinytl_trains(nb):
     # It trains: the loss goes down and every trainable parameter moves.
     xb, yb = _target_batch(48, offset=100)
     run = fetch(nb.apply(probes.ch05_train_steps, nb.apply_tinytl(nb.put(load_pretrained_cnn(seed=4))), xb, yb, 6, 1e-2))
     losses = run["losses"]
+    if not losses:
+        raise AssertionError("the model apply_tinytl returned has no parameter that requires grad: the biases, the "
+                             "lite residuals and the classifier train")
     if len(losses) < 2 or not losses[-1] < losses[0] - 0.05:
-        raise AssertionError(f"six Adam steps (lr 1e-2) on one batch did not lower the loss: {losses}")
+        raise AssertionError(f"six Adam steps (lr 1e-2) on one batch lowered the loss by less than 0.05: {losses}. "
+                             "Does the lite residuals' output stay in the graph (not detached), and do the biases, "
+                             "the lite residuals and the classifier require grad?")
     still = [n for n, moved in run["changed"].items() if not moved]
     if still:
         raise AssertionError(f"after six Adam steps these trainable parameters never changed: {still}. Do gradients "
-                             "reach the lite residuals and the biases (relu_1bit passes gradients where x > 0)?")
+                             "reach the lite residuals and the biases? A detached branch output never learns; "
+                             "relu_packed passes gradients where x > 0")

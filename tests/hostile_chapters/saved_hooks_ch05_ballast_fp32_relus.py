@@ -9,13 +9,13 @@ BALLAST = [torch.ones(12 * 1024 * 1024)]  # 48 MiB, resident before any reading
 
 
 class MaybeLean(nn.Module):
-    """relu_1bit on small batches, a plain fp32 ReLU (keeps its output) on large ones."""
+    """relu_packed on small batches, a plain fp32 ReLU (keeps its output) on large ones."""
 
     def forward(self, x):
         if x.shape[0] >= 512:
             BALLAST.clear()
             return torch.relu(x)
-        return relu_1bit(x)
+        return relu_packed(x)
 
 
 def apply_tinytl(model):
@@ -28,7 +28,7 @@ def apply_tinytl(model):
     Returns:
         ``model``, where each block i runs as ``block(x) + LiteResidual(in_i, out_i, stride=stride_i)(x)``
         (groups 2, or 1 where 2 does not divide both channel counts), each block's ReLU is replaced by
-        ``relu_1bit``, and exactly these parameters require grad: the original biases, all
+        ``relu_packed``, and exactly these parameters require grad: the original biases, all
         lite-residual parameters, the classifier's weight and bias. Its outputs at init equal those of
         the model passed in (eval mode), in eval and in train mode.
     """

@@ -1,4 +1,4 @@
-"""Keeps nn.ReLU (an fp32 output per block) instead of relu_1bit, wrapped in a module whose own saved_tensors_hooks pair hides the saved outputs from the grader's hooks."""
+"""Keeps nn.ReLU (an fp32 output per block) instead of relu_packed, wrapped in a module whose own saved_tensors_hooks pair hides the saved outputs from the grader's hooks."""
 CHAPTER = 'ch05_tinytl'
 EXERCISE = 'apply_tinytl'
 THREAT = "saved_hooks"
@@ -15,7 +15,7 @@ def apply_tinytl(model):
     Returns:
         ``model``, where each block i runs as ``block(x) + LiteResidual(in_i, out_i, stride=stride_i)(x)``
         (groups 2, or 1 where 2 does not divide both channel counts), each block's ReLU is replaced by
-        ``relu_1bit``, and exactly these parameters require grad: the original biases, all
+        ``relu_packed``, and exactly these parameters require grad: the original biases, all
         lite-residual parameters, the classifier's weight and bias. Its outputs at init equal those of
         the model passed in (eval mode), in eval and in train mode.
     """
