@@ -161,8 +161,9 @@ print(f"gradient noise (standard deviation), batch 32 / batch {BATCH}: {math.sqr
 # - **Call `backward()` per micro-batch.** Summing the $k$ losses first and calling `backward()`
 #   once gives the right gradient but keeps all $k$ graphs, with all their activations, alive at
 #   the same time: no memory saved (measured in section 6.1).
-# - **Keep only a detached number for logging.** Adding up the losses *with* their graphs has the
-#   same effect: every micro-batch's activations stay reachable.
+# - **Keep only a detached number for logging.** Add up `loss.detach()` values: a loss that keeps
+#   its graph is not a number to log, and adding up the losses *with* their graphs before calling
+#   `backward()` is the shortcut of the previous point.
 #
 # ## 4. Exercise: accumulate the gradient of one batch
 
@@ -189,14 +190,17 @@ def accumulate_gradients(model: nn.Module, loss_fn: nn.Module, inputs: torch.Ten
     Returns:
         The full-batch mean loss, a detached 0-dim tensor.
 
-    Graded on: B = 37 float32 inputs (37, 13); a Linear-Tanh-Linear MLP and a model whose first Linear
-    is frozen (then ReLU, LayerNorm, Linear), 7 outputs; ``nn.MSELoss()`` and ``nn.CrossEntropyLoss()``;
-    micro_batch_size 5, 8, 36, 37 and 64, so the last micro-batch is smaller or m >= B. The model given
-    raises if called on more samples than micro_batch_size, and its output for a sample depends on the
-    sample's place in the call, so the micro-batches must be exactly the slices above. Gradients and the
-    returned loss are compared with a float64 reference to float32 rounding; parameters must stay exactly
-    as they were, frozen ones still frozen and without ``.grad``. micro_batch_size 0 and -3 must raise
-    ``ValueError``. Each graded cell may use 60 s and 4 GiB.
+    Graded on, one cell per property. Gradients: B = 37 float32 inputs (37, 13); a Linear-Tanh-Linear MLP
+    and a model whose first Linear is frozen (then ReLU, LayerNorm, Linear), 7 outputs; ``nn.MSELoss()``
+    and ``nn.CrossEntropyLoss()``; micro_batch_size 5, 8 and 36, so the last micro-batch is smaller;
+    compared with a float64 reference to float32 rounding; parameters must stay exactly as they were,
+    frozen ones still frozen and without ``.grad``. Memory: the model given raises if called on more
+    samples than micro_batch_size, and its output for a sample depends on the sample's place in the call,
+    so the micro-batches must be exactly the slices above; and while one call on 1024 samples of a wide
+    MLP runs, what your process holds, read from outside it, must stay near one micro-batch's activations
+    (summing the losses before one ``backward()`` keeps all of them). The returned loss: a detached 0-dim
+    tensor, the full-batch mean. Edge cases: micro_batch_size 37 and 64 (m >= B); micro_batch_size 0, -3
+    and 2.5 must raise ``ValueError``. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
@@ -217,7 +221,7 @@ def accumulate_gradients(model: nn.Module, loss_fn: nn.Module, inputs: torch.Ten
     ### END SOLUTION
 
 
-# %% test="test_accumulate_gradients" points=5
+# %% test="test_accumulate_gradients" points=2
 import copy
 
 
@@ -241,27 +245,61 @@ full_loss = nn.CrossEntropyLoss()(full(x), y)
 full_loss.backward()
 
 loss = accumulate_gradients(net, nn.CrossEntropyLoss(), x, y, micro_batch_size=4)
-assert net.sizes == [4, 4, 2], f"forwarded batches of {net.sizes}, expected micro-batches of 4, 4 and 2"
 for (name, p), q in zip(net.named_parameters(), full.parameters()):
     torch.testing.assert_close(p.grad, q.grad, msg=f"{name}.grad is not the full-batch gradient: is each "
                                "micro-batch's mean loss weighted by its size / B (here 4/10, 4/10, 2/10)?")
-assert isinstance(loss, torch.Tensor) and loss.dim() == 0, "return the loss as a 0-dim tensor"
-assert not loss.requires_grad, "return a detached loss: a loss with a graph keeps its activations alive"
-torch.testing.assert_close(loss, full_loss.detach(), msg="return the full-batch mean loss")
+for p, q in zip(net.parameters(), full.parameters()):
+    assert torch.equal(p, q), "accumulate_gradients fills .grad only: the optimizer step belongs to the training loop"
 
 frozen = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
 frozen[0].requires_grad_(False)
 accumulate_gradients(frozen, nn.CrossEntropyLoss(), x, y, micro_batch_size=3)
 assert frozen[0].weight.grad is None, "a frozen parameter gets no gradient"
-try:
-    accumulate_gradients(frozen, nn.CrossEntropyLoss(), x, y, micro_batch_size=0)
-except ValueError as e:
-    assert "0" in str(e), f"say which micro_batch_size was refused: {e}"
-else:
-    raise AssertionError("micro_batch_size=0 should raise ValueError")
+assert frozen[2].weight.grad is not None, "a trainable parameter gets its gradient"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_accumulate_gradients", globals())
+### END HIDDEN TESTS
+
+# %% test="test_accumulate_gradients_memory" points=1
+net = CountingModel(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)))
+accumulate_gradients(net, nn.CrossEntropyLoss(), x, y, micro_batch_size=4)
+assert net.sizes == [4, 4, 2], f"forwarded batches of {net.sizes}, expected micro-batches of 4, 4 and 2"
+net.sizes.clear()
+accumulate_gradients(net, nn.CrossEntropyLoss(), x, y, micro_batch_size=3)
+assert net.sizes == [3, 3, 3, 1], f"forwarded batches of {net.sizes}, expected micro-batches of 3, 3, 3 and 1"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_accumulate_gradients_memory", globals())
+### END HIDDEN TESTS
+
+# %% test="test_accumulate_gradients_loss" points=1
+net = copy.deepcopy(full)
+net.zero_grad()  # .grad is None on entry
+loss = accumulate_gradients(net, nn.CrossEntropyLoss(), x, y, micro_batch_size=4)
+assert isinstance(loss, torch.Tensor) and loss.dim() == 0, "return the loss as a 0-dim tensor"
+assert not loss.requires_grad, "return a detached loss: the weighted sum of loss.detach() values"
+torch.testing.assert_close(loss, full_loss.detach(), msg="return the full-batch mean loss, sum_i (n_i / B) * mean_i")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_accumulate_gradients_loss", globals())
+### END HIDDEN TESTS
+
+# %% test="test_accumulate_gradients_edge_cases" points=1
+for m in (10, 64):  # m >= B: one forward of the whole batch
+    net = CountingModel(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)))
+    accumulate_gradients(net, nn.CrossEntropyLoss(), x, y, micro_batch_size=m)
+    assert net.sizes == [10], f"micro_batch_size={m} >= B = 10: one forward of 10 samples, got {net.sizes}"
+for bad in (0, -3, 2.5):
+    try:
+        accumulate_gradients(frozen, nn.CrossEntropyLoss(), x, y, micro_batch_size=bad)
+    except ValueError as e:
+        assert str(bad) in str(e), f"say which micro_batch_size was refused: {e}"
+    else:
+        raise AssertionError(f"micro_batch_size={bad} should raise ValueError")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_accumulate_gradients_edge_cases", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -290,13 +328,17 @@ def train_accumulated(model: nn.Module, optimizer: torch.optim.Optimizer, loss_f
         The list of the ``steps`` full-batch mean losses, as Python floats (each computed before
         its step).
 
-    Graded on: the models, losses and float32 data of ``accumulate_gradients`` (the model again refuses
-    calls on more than micro_batch_size samples); loaders that are lists of batches of unequal sizes (37,
-    37, 23 with micro-batches of 8 for 5 steps; 37, 29 with micro-batches of 10 for 4 steps, so the loader
-    starts again); ``torch.optim.SGD`` without momentum and with momentum 0.9, over the trainable
-    parameters only. Every step's loss and the final parameters are compared, to float32 rounding, with
-    the same number of full-batch SGD steps computed in float64; frozen parameters must not change. Each
-    graded cell may use 60 s and 4 GiB.
+    Graded on, one cell per property, with the models, losses and float32 data of
+    ``accumulate_gradients`` and ``torch.optim.SGD`` without momentum and with momentum 0.9, over the
+    trainable parameters only. Values: loaders that are lists of batches of unequal sizes (37, 37, 23
+    with micro-batches of 8; 37, 29, 33 with micro-batches of 10), as many steps as batches; every step's
+    loss and the final parameters are compared, to float32 rounding, with the same number of full-batch
+    SGD steps computed in float64; frozen parameters must not change. Memory: one step on a model that
+    refuses calls on more than micro_batch_size samples and whose output depends on a sample's place in
+    the call (the micro-batches of ``accumulate_gradients``). Edge cases: loaders that run out (5 steps
+    from 3 batches; 4 steps from 2 batches in an iterable without ``len`` or indexing, like a
+    ``DataLoader``), the losses as Python floats, ``steps=0`` (an empty list, nothing changed) and the
+    ``ValueError`` of an empty loader. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     losses = []
@@ -318,28 +360,60 @@ def train_accumulated(model: nn.Module, optimizer: torch.optim.Optimizer, loss_f
     ### END SOLUTION
 
 
-# %% test="test_train_accumulated" points=4
+# %% test="test_train_accumulated" points=2
 torch.manual_seed(0)
 loader = [(torch.randn(10, 6), torch.randn(10, 2)) for _ in range(2)]
 net_a, net_b = nn.Linear(6, 2), nn.Linear(6, 2)
 net_b.load_state_dict(net_a.state_dict())
 losses = train_accumulated(net_a, torch.optim.SGD(net_a.parameters(), lr=0.1), nn.MSELoss(), loader,
-                           micro_batch_size=3, steps=3)
-assert isinstance(losses, list) and len(losses) == 3, "one loss per step; the 2-batch loader starts again"
-assert all(isinstance(v, float) for v in losses), "return the losses as Python floats"
+                           micro_batch_size=3, steps=2)
+assert len(losses) == 2, f"one loss per step: expected 2, got {len(losses)}"
 opt_b = torch.optim.SGD(net_b.parameters(), lr=0.1)
-for step in range(3):  # the same three steps, full batch
-    xb, yb = loader[step % 2]
+for step in range(2):  # the same two steps, full batch
+    xb, yb = loader[step]
     opt_b.zero_grad()
     loss_b = nn.MSELoss()(net_b(xb), yb)
     loss_b.backward()
     opt_b.step()
-    assert abs(losses[step] - loss_b.item()) < 1e-5, f"step {step}: loss {losses[step]:.6f}, expected {loss_b.item():.6f}"
-torch.testing.assert_close(net_a.weight, net_b.weight, msg="three accumulated steps must equal three full-batch "
-                           "steps: are the gradients zeroed before each batch?")
+    assert abs(float(losses[step]) - loss_b.item()) < 1e-5, \
+        f"step {step}: loss {float(losses[step]):.6f}, expected {loss_b.item():.6f}"
+torch.testing.assert_close(net_a.weight, net_b.weight, msg="two accumulated steps must equal two full-batch steps: "
+                           "are the gradients zeroed once per batch (not per micro-batch, not never)?")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_train_accumulated", globals())
+### END HIDDEN TESTS
+
+# %% test="test_train_accumulated_memory" points=1
+counted = CountingModel(nn.Linear(6, 2))
+train_accumulated(counted, torch.optim.SGD(counted.parameters(), lr=0.1), nn.MSELoss(), loader,
+                  micro_batch_size=3, steps=2)
+assert counted.sizes == [3, 3, 3, 1] * 2, \
+    f"forwarded batches of {counted.sizes}: each batch of 10 goes through micro-batches of 3, 3, 3 and 1"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_train_accumulated_memory", globals())
+### END HIDDEN TESTS
+
+# %% test="test_train_accumulated_edge_cases" points=1
+net_c = nn.Linear(6, 2)
+losses = train_accumulated(net_c, torch.optim.SGD(net_c.parameters(), lr=0.1), nn.MSELoss(), loader,
+                           micro_batch_size=3, steps=3)
+assert isinstance(losses, list) and len(losses) == 3, "one loss per step; the 2-batch loader starts again"
+assert all(isinstance(v, float) for v in losses), "return the losses as Python floats"
+before = net_c.weight.detach().clone()
+assert train_accumulated(net_c, torch.optim.SGD(net_c.parameters(), lr=0.1), nn.MSELoss(), loader, 3, 0) == [], \
+    "steps=0: no step, an empty list"
+assert torch.equal(net_c.weight, before), "steps=0 changes nothing"
+try:
+    train_accumulated(net_c, torch.optim.SGD(net_c.parameters(), lr=0.1), nn.MSELoss(), [], 3, 2)
+except ValueError:
+    pass
+else:
+    raise AssertionError("an empty loader should raise ValueError")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_train_accumulated_edge_cases", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]

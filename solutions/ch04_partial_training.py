@@ -133,13 +133,13 @@ def set_trainable(model, mode):
     Raises:
         ValueError: for any other mode; the message lists the four valid modes.
 
-    Graded on: four models (the default ``TransferCNN``, two others of 3 and 5 blocks with other widths,
-    strides and class counts, and one whose blocks are anonymous ``nn.Sequential(nn.Conv2d, nn.BatchNorm2d,
-    nn.ReLU)``, one convolution without bias), each through seven calls in a row that cycle through the
-    modes. What trains is read off the model's own parameter tensors and confirmed by one backward pass the
-    grader drives: change only ``requires_grad`` (adding, replacing or removing a parameter fails). Also the
-    returned ``int``, and the ValueError and its message for unknown modes, near misses such as ``"bias"``
-    included. Each graded cell may use 60 s and 4 GiB.
+    Graded on, one cell per property. The modes: four models (the default ``TransferCNN``, two others of 3
+    and 5 blocks with other widths, strides and class counts, and one whose blocks are anonymous
+    ``nn.Sequential(nn.Conv2d, nn.BatchNorm2d, nn.ReLU)``, one convolution without bias), each through seven
+    calls in a row that cycle through the modes. What trains is read off the model's own parameter tensors
+    and confirmed by one backward pass the grader drives: change only ``requires_grad`` (adding, replacing
+    or removing a parameter fails). Also the returned ``int``. The errors: the ValueError and its message
+    for unknown modes, near misses such as ``"bias"`` included. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     modes = ("full", "last", "bn+last", "bias+last")
@@ -161,7 +161,7 @@ def set_trainable(model, mode):
     ### END SOLUTION
 
 
-# %% test="test_set_trainable" points=2
+# %% test="test_set_trainable" points=1
 model = load_pretrained_cnn()
 counts = {mode: set_trainable(model, mode) for mode in ("full", "last", "bn+last", "bias+last")}
 assert counts["full"] == count_parameters(model), "full: every parameter is trainable"
@@ -175,16 +175,24 @@ set_trainable(model, "bias+last")
 assert model.blocks[2].conv.bias.requires_grad and model.blocks[2].bn.bias.requires_grad
 assert not model.blocks[2].bn.weight.requires_grad, "bias+last trains biases only (BatchNorm γ stays frozen)"
 assert counts["bias+last"] == count_parameters(model, trainable_only=True), "return the real trainable count"
-try:
-    set_trainable(model, "lora")
-except ValueError as e:
-    assert "bias+last" in str(e), "list the valid modes in the message"
-else:
-    raise AssertionError("an unknown mode must raise ValueError")
 print(counts)
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch04_partial_training", "test_set_trainable", globals())
+### END HIDDEN TESTS
+
+# %% test="test_set_trainable_errors" points=1
+for bad_mode in ("lora", "bias"):
+    try:
+        set_trainable(model, bad_mode)
+    except ValueError as e:
+        assert all(m in str(e) for m in ("full", "last", "bn+last", "bias+last")), \
+            f"list the valid modes in the message: {e}"
+    else:
+        raise AssertionError(f"an unknown mode ({bad_mode!r}) must raise ValueError")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch04_partial_training", "test_set_trainable_errors", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -321,10 +329,10 @@ def pack_bits(mask):
     Raises:
         ValueError: if ``mask`` is not a bool tensor.
 
-    Graded on: the exact bytes for random masks of 1, 7, 8, 9, 61 and 1000 elements and of shapes (3, 5, 7),
-    (2, 1, 4, 4) and (37, 53), for 61 True values and for 9 elements with a single True (element 0, 7 or 8);
-    the dtype and the flat shape; the ValueError for float, uint8 and int64 tensors.
-    Each graded cell may use 60 s and 4 GiB.
+    Graded on, one cell per property: the exact bytes for random masks of 1, 7, 8, 9, 61 and 1000 elements
+    and of shapes (3, 5, 7), (2, 1, 4, 4) and (37, 53), for 61 True values and for 9 elements with a single
+    True (element 0, 7 or 8), with the dtype and the flat shape; the ValueError for float, uint8 and int64
+    tensors. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
@@ -337,22 +345,29 @@ def pack_bits(mask):
     ### END SOLUTION
 
 
-# %% test="test_pack_bits" points=2
+# %% test="test_pack_bits" points=1
 m = torch.tensor([True, False, True, True, False, False, False, False, True])  # n = 9: two bytes
 packed = pack_bits(m)
 assert packed.dtype == torch.uint8 and packed.shape == (2,), \
     f"9 bits need 2 uint8 bytes, got {packed.dtype} {tuple(packed.shape)}"
 assert packed.tolist() == [1 + 4 + 8, 1], f"element 8k+j is bit j of byte k: expected [13, 1], got {packed.tolist()}"
 assert pack_bits(torch.ones(3, 5, dtype=torch.bool)).tolist() == [255, 127], "15 ones: 8 + 7 bits"
-try:
-    pack_bits(torch.ones(8))
-except ValueError:
-    pass
-else:
-    raise AssertionError("a float tensor is not a mask: raise ValueError")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch04_partial_training", "test_pack_bits", globals())
+### END HIDDEN TESTS
+
+# %% test="test_pack_bits_errors" points=1
+for not_a_mask in (torch.ones(8), torch.ones(8, dtype=torch.uint8)):
+    try:
+        pack_bits(not_a_mask)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"a {not_a_mask.dtype} tensor is not a mask: raise ValueError")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch04_partial_training", "test_pack_bits_errors", globals())
 ### END HIDDEN TESTS
 
 # %% exercise="unpack_bits"
@@ -372,8 +387,9 @@ def unpack_bits(packed, numel):
         ValueError: if ``packed`` is not uint8 or holds fewer than ``numel`` bits.
 
     Graded on: the masks ``pack_bits`` is graded on (1 to 37 × 53 elements) and 61 False values, packed with
-    every unused bit of the last byte set to 1; the dtype, the shape ``(numel,)`` and every element.
-    Each graded cell may use 60 s and 4 GiB.
+    every unused bit of the last byte set to 1; the dtype, the shape ``(numel,)`` and every element; the
+    ValueError for int64 and float buffers and for buffers holding fewer than numel bits (17 elements asked
+    of two bytes, 1 of none). Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if packed.dtype != torch.uint8:
@@ -395,6 +411,14 @@ torch.manual_seed(0)
 mask = torch.rand(3, 7, 5) > 0.5
 back = unpack_bits(pack_bits(mask), mask.numel())
 assert back.dtype == torch.bool and torch.equal(back.reshape(mask.shape), mask), "round trip"
+for bad_packed, bad_numel in ((torch.tensor([13, 1]), 9), (torch.tensor([13, 1], dtype=torch.uint8), 17)):
+    try:
+        unpack_bits(bad_packed, bad_numel)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"unpack_bits of {bad_packed.numel()} {bad_packed.dtype} values for numel={bad_numel} "
+                             "should raise ValueError (not uint8, or fewer than numel bits)")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch04_partial_training", "test_unpack_bits", globals())
@@ -424,14 +448,15 @@ def relu_1bit(x):
         ``ctx.save_for_backward``: ``pack_bits(x > 0)``, ``ceil(n / 8)`` bytes; the gradient is
         that of ``torch.relu`` (``grad * (x > 0)``, so 0 where ``x == 0``).
 
-    Graded on: float32 and float64 inputs of shapes (1,), (7,), (61,), (1000,), (37, 53), (2, 3, 5, 7) and
-    (4, 16, 8, 8) holding exact zeros of both signs: the output (dtype included) and the gradient must equal
-    ``torch.relu``'s exactly, the output must be attached to the graph, nothing in floating point may be
-    saved, and the gradient must stay right when x and the output are overwritten in place between forward
-    and backward (backward may use only the saved mask). On 2^24 float32 elements, what your process holds
-    between forward and backward, with input and output released, is read from outside it: at most the packed
-    mask, with 1 MiB of slack; hold nothing once the cell has run or between calls. As in section 4, the
-    course's kernels.ch05_tinytl is refused. Each graded cell may use 60 s and 4 GiB.
+    Graded on, one cell per property, float32 and float64 inputs of shapes (1,), (7,), (61,), (1000,),
+    (37, 53), (2, 3, 5, 7) and (4, 16, 8, 8) holding exact zeros of both signs. Values: the output (dtype
+    included) and the gradient must equal ``torch.relu``'s exactly, and the output must be attached to the
+    graph. Memory: exactly the packed mask is saved (nothing in floating point), and the gradient must not
+    change when x and the output are overwritten in place between forward and backward (backward may use
+    only the saved mask). On 2^24 float32 elements, what your process holds between forward and backward,
+    with input and output released, is read from outside it: at most the packed mask, with 1 MiB of slack;
+    hold nothing once the cell has run or between calls. As in section 4, the course's kernels.ch05_tinytl
+    is refused. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     class ReLU1bitFunction(torch.autograd.Function):
@@ -451,28 +476,40 @@ def relu_1bit(x):
     ### END SOLUTION
 
 
-# %% test="test_relu_1bit" points=3
-from coursekit import saved_tensors
-
+# %% test="test_relu_1bit" points=1
 torch.manual_seed(0)
 x = torch.randn(3, 5, 7)  # 105 elements: not a multiple of 8
 x[0, 0, :3] = 0.0  # torch.relu's gradient at 0 is 0
 x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
-with saved_tensors() as rec:
-    y1 = relu_1bit(x1)
+y1 = relu_1bit(x1)
 y2 = torch.relu(x2)
 torch.testing.assert_close(y1, y2, msg="the output must be torch.relu(x)")
 g = torch.randn(3, 5, 7)
 y1.backward(g)
 y2.backward(g)
 torch.testing.assert_close(x1.grad, x2.grad, msg="the gradient must be grad * (x > 0), 0 where x == 0")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch04_partial_training", "test_relu_1bit", globals())
+### END HIDDEN TESTS
+
+# %% test="test_relu_1bit_memory" points=2
+from coursekit import saved_tensors
+
+x1 = x.clone().requires_grad_(True)
+with saved_tensors() as rec:
+    y1 = relu_1bit(x1)
 assert rec.activation_bytes == math.ceil(x.numel() / 8), \
     f"saved {rec.activation_bytes} bytes for backward; the packed mask is {math.ceil(x.numel() / 8)} bytes " \
     f"(torch.relu keeps {4 * x.numel()})"
 assert all(not s.dtype.is_floating_point for s in rec.tensors), "nothing in floating point may be saved"
+x1.data.neg_()  # backward may use only the saved mask: overwriting x changes nothing
+y1.data.zero_()
+y1.backward(g)
+torch.testing.assert_close(x1.grad, x2.grad, msg="backward must use only the packed mask saved for it")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
-from grader.api import run_hidden; run_hidden("ch04_partial_training", "test_relu_1bit", globals())
+from grader.api import run_hidden; run_hidden("ch04_partial_training", "test_relu_1bit_memory", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]

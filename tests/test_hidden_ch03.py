@@ -1,10 +1,14 @@
 """The hidden tests of chapter 3 accept correct implementations and reject plausible wrong ones.
 
 The implementations here are written independently of solutions/ch03_accumulation.py, so that a
-bug shared by the solution and its hidden tests cannot hide. The last tests run the same checks
+bug shared by the solution and its hidden tests cannot hide. Each graded cell checks one property:
+every wrong variant below fails the cell of its mistake, and the ``*_only`` tests show a variant
+failing exactly that cell while the exercise's other cells pass. The last tests run the same checks
 through the sandbox (``grader.sandbox.judge.run_checks``), as the autograder does.
 """
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -16,7 +20,10 @@ from sandbox_checks import sandbox_tests
 
 CHAPTER = "ch03_accumulation"
 CHECKS = checks_for(CHAPTER)
-GRADE_IDS = ["test_accumulate_gradients", "test_train_accumulated"]
+ACCUMULATE_IDS = ["test_accumulate_gradients", "test_accumulate_gradients_memory", "test_accumulate_gradients_loss",
+                  "test_accumulate_gradients_edge_cases"]
+TRAIN_IDS = ["test_train_accumulated", "test_train_accumulated_memory", "test_train_accumulated_edge_cases"]
+GRADE_IDS = ACCUMULATE_IDS + TRAIN_IDS
 
 
 # --- correct implementations ------------------------------------------------------------------
@@ -34,7 +41,7 @@ def accumulate_gradients(model, loss_fn, inputs, targets, micro_batch_size):
 
 def accumulate_then_rescale(model, loss_fn, inputs, targets, micro_batch_size):
     """Also correct: sums per-micro-batch losses × n_i and divides every .grad by B at the end."""
-    if micro_batch_size < 1:
+    if micro_batch_size < 1 or int(micro_batch_size) != micro_batch_size:
         raise ValueError(f"micro_batch_size must be a positive integer, got {micro_batch_size}")
     n, total = inputs.shape[0], 0.0
     for start in range(0, n, micro_batch_size):
@@ -48,21 +55,30 @@ def accumulate_then_rescale(model, loss_fn, inputs, targets, micro_batch_size):
     return torch.tensor(total / n)
 
 
-def make_train(accumulate=None, zero=True, cycle=True, as_float=True, zero_after=False):
+def make_train(accumulate=None, zero=True, cycle=True, as_float=True, zero_after=False, empty_ok=False,
+               indexing=False, at_least_one=False):
     def train_accumulated(model, optimizer, loss_fn, loader, micro_batch_size, steps):
         acc = accumulate or NS["accumulate_gradients"]
 
         def batches():
+            if indexing:  # a list is indexable; a DataLoader-like iterable is not
+                for i in range(max(steps, 1)):
+                    yield loader[i % len(loader)]
+                return
             while True:
                 empty = True
                 for batch in loader:
                     empty = False
                     yield batch
+                if empty and not empty_ok:
+                    raise ValueError("the loader yielded no batches")
                 if empty or not cycle:
                     return
 
         losses = []
-        for _, (x, y) in zip(range(steps), batches()):
+        for x, y in batches():
+            if len(losses) >= steps and not (at_least_one and not losses):
+                break
             if zero:
                 optimizer.zero_grad()
             loss = acc(model, loss_fn, x, y, micro_batch_size)
@@ -72,6 +88,23 @@ def make_train(accumulate=None, zero=True, cycle=True, as_float=True, zero_after
             losses.append(loss.item() if as_float else loss)
         return losses
     return train_accumulated
+
+
+def train_other(model, optimizer, loss_fn, loader, micro_batch_size, steps):
+    """Also correct, written differently: itertools-free epochs with an explicit iterator, losses via item()."""
+    out, it = [], None
+    while len(out) < steps:
+        batch = next(it, None) if it is not None else None
+        if batch is None:
+            it = iter(loader)
+            batch = next(it, None)
+            if batch is None:
+                raise ValueError("empty loader")
+        inputs, targets = batch
+        optimizer.zero_grad(set_to_none=False)
+        out.append(NS["accumulate_gradients"](model, loss_fn, inputs, targets, micro_batch_size).item())
+        optimizer.step()
+    return out
 
 
 NS: dict = {}
@@ -85,26 +118,36 @@ def namespace(**overrides) -> LocalNamespace:
 
 
 def test_every_grade_id_has_a_check():
-    assert sorted(CHECKS) == GRADE_IDS
+    assert sorted(CHECKS) == sorted(GRADE_IDS)
 
 
-def test_correct_implementation_passes():
-    ns = namespace()
-    for grade_id in GRADE_IDS:
+@pytest.mark.parametrize("grade_id", GRADE_IDS)
+def test_correct_implementation_passes(grade_id):
+    CHECKS[grade_id](namespace())
+
+
+@pytest.mark.parametrize("grade_id", GRADE_IDS)
+def test_other_correct_implementations_pass(grade_id):
+    CHECKS[grade_id](namespace(accumulate_gradients=accumulate_then_rescale, train_accumulated=train_other))
+
+
+def _fails_only(ns, grade_id: str, ids: list[str], message: str | None = None):
+    """``grade_id`` fails (with ``message`` when given) and every other cell of the exercise passes."""
+    with pytest.raises(AssertionError, match=message):
         CHECKS[grade_id](ns)
-
-
-def test_other_correct_implementations_pass():
-    ns = namespace(accumulate_gradients=accumulate_then_rescale)
-    for grade_id in GRADE_IDS:
-        CHECKS[grade_id](ns)
+    for other in ids:
+        if other != grade_id:
+            CHECKS[other](ns)
 
 
 # --- wrong accumulate_gradients ------------------------------------------------------------------
 def make_accumulate(weight="size", zero_inside=False, whole_batch=False, detach=True, scale_loss=1.0,
-                    drop_remainder=False, grads_for_all=False, validate=True, as_float=False):
+                    drop_remainder=False, grads_for_all=False, validate=True, as_float=False, sum_first=False,
+                    even_split=False):
     def acc(model, loss_fn, inputs, targets, micro_batch_size):
-        if validate and micro_batch_size < 1:
+        if validate == "lt1" and micro_batch_size < 1:  # forgets that 2.5 is not a size
+            raise ValueError("micro_batch_size must be positive")
+        if validate is True and (not isinstance(micro_batch_size, int) or micro_batch_size < 1):
             raise ValueError("micro_batch_size must be a positive integer")
         m = max(1, micro_batch_size)
         n = len(inputs)
@@ -112,38 +155,65 @@ def make_accumulate(weight="size", zero_inside=False, whole_batch=False, detach=
             for p in model.parameters():
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-        starts = list(range(0, n - n % m if drop_remainder else n, m))
+        if even_split:  # pieces of at most m samples, but not the slices [0:m], [m:2m], ...
+            bounds = [(int(t[0]), int(t[-1]) + 1) for t in torch.arange(n).tensor_split(math.ceil(n / m))]
+        else:
+            bounds = [(a, min(a + m, n)) for a in range(0, n - n % m if drop_remainder and n > m else n, m)]
         out = model(inputs) if whole_batch else None
-        total = 0.0
-        for a in starts:
+        total, pending = 0.0, []
+        for a, b in bounds:
             if zero_inside:
                 model.zero_grad()
-            y = targets[a:a + m]
-            pred = out[a:a + m] if whole_batch else model(inputs[a:a + m])
-            w = {"size": len(y) / n, "equal": 1 / len(starts), "one": 1.0}[weight]
+            y = targets[a:b]
+            pred = out[a:b] if whole_batch else model(inputs[a:b])
+            w = {"size": len(y) / n, "equal": 1 / len(bounds), "one": 1.0}[weight]
             loss = loss_fn(pred, y) * w
-            loss.backward(retain_graph=whole_batch)
+            if sum_first:
+                pending.append(loss)
+            else:
+                loss.backward(retain_graph=whole_batch)
             total = total + (loss.detach() if detach else loss)
+        if sum_first:
+            sum(pending).backward()
         total = total * scale_loss
         return total.item() if as_float else total
     return acc
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (make_accumulate(weight="equal"), "averaged with equal weights"),
-    (make_accumulate(weight="one"), "k times too large"),
-    (make_accumulate(zero_inside=True), "only the last micro-batch"),
-    (make_accumulate(whole_batch=True), "called on 37 samples at once"),
-    (make_accumulate(drop_remainder=True), "last micro-batch .* is missing"),
-    (make_accumulate(grads_for_all=True), "frozen parameter"),
-    (make_accumulate(detach=False), "still attached"),
-    (make_accumulate(scale_loss=37.0), "the returned loss differs"),
-    (make_accumulate(as_float=True), "expected a scalar tensor"),
-    (make_accumulate(validate=False), "ValueError"),
+@pytest.mark.parametrize("wrong, grade_id, message", [
+    (make_accumulate(weight="equal"), "test_accumulate_gradients", "averaged with equal weights"),
+    (make_accumulate(weight="one"), "test_accumulate_gradients", "k times too large"),
+    (make_accumulate(zero_inside=True), "test_accumulate_gradients", "only the last micro-batch"),
+    (make_accumulate(drop_remainder=True), "test_accumulate_gradients", "last micro-batch .* is missing"),
+    (make_accumulate(grads_for_all=True), "test_accumulate_gradients", "frozen parameter"),
+    (make_accumulate(whole_batch=True), "test_accumulate_gradients_memory", "called on 37 samples at once"),
+    (make_accumulate(even_split=True), "test_accumulate_gradients_memory", "which samples went in together"),
+    (make_accumulate(sum_first=True), "test_accumulate_gradients_memory", "summing the micro-batch losses"),
+    (make_accumulate(detach=False), "test_accumulate_gradients_loss", "still attached"),
+    (make_accumulate(scale_loss=37.0), "test_accumulate_gradients_loss", "B = 37 times the mean"),
+    (make_accumulate(scale_loss=2.0), "test_accumulate_gradients_loss", "the returned loss differs"),
+    (make_accumulate(weight="one"), "test_accumulate_gradients_loss", "the sum of the micro-batch mean losses"),
+    (make_accumulate(as_float=True), "test_accumulate_gradients_loss", "is a float, expected a detached 0-dim"),
+    (make_accumulate(validate=False), "test_accumulate_gradients_edge_cases", "should raise ValueError"),
+    (make_accumulate(validate="lt1"), "test_accumulate_gradients_edge_cases", "micro_batch_size=2.5"),
 ])
-def test_accumulate_gradients_rejects(wrong, message):
+def test_accumulate_gradients_rejects(wrong, grade_id, message):
     with pytest.raises(AssertionError, match=message):
-        CHECKS["test_accumulate_gradients"](namespace(accumulate_gradients=wrong))
+        CHECKS[grade_id](namespace(accumulate_gradients=wrong))
+
+
+@pytest.mark.parametrize("wrong, grade_id, message", [
+    (make_accumulate(zero_inside=True), "test_accumulate_gradients", "only the last micro-batch"),
+    (make_accumulate(whole_batch=True), "test_accumulate_gradients_memory", "called on 37 samples at once"),
+    (make_accumulate(even_split=True), "test_accumulate_gradients_memory", "which samples went in together"),
+    (make_accumulate(sum_first=True), "test_accumulate_gradients_memory", "summing the micro-batch losses"),
+    (make_accumulate(scale_loss=37.0), "test_accumulate_gradients_loss", "B = 37 times the mean"),
+    (make_accumulate(detach=False), "test_accumulate_gradients_loss", "still attached"),
+    (make_accumulate(as_float=True), "test_accumulate_gradients_loss", "expected a detached 0-dim tensor"),
+    (make_accumulate(validate="lt1"), "test_accumulate_gradients_edge_cases", "micro_batch_size=2.5"),
+])
+def test_accumulate_gradients_mistake_fails_only_its_cell(wrong, grade_id, message):
+    _fails_only(namespace(accumulate_gradients=wrong), grade_id, ACCUMULATE_IDS, message)
 
 
 def test_accumulate_gradients_rejects_stepping_inside():
@@ -159,9 +229,23 @@ def test_accumulate_gradients_rejects_stepping_inside():
         CHECKS["test_accumulate_gradients"](namespace(accumulate_gradients=acc))
 
 
+def test_bypassing_the_model_fails_memory():
+    """Forwarding the whole batch through the wrapped model's inner module: pos gets no gradient."""
+    def acc(model, loss_fn, inputs, targets, micro_batch_size):
+        inner = getattr(model, "model", model)
+        loss = loss_fn(inner(inputs), targets)
+        loss.backward()
+        return loss.detach()
+
+    with pytest.raises(AssertionError, match="pos received no gradient"):
+        CHECKS["test_accumulate_gradients_memory"](namespace(accumulate_gradients=acc))
+
+
 # --- wrong train_accumulated ---------------------------------------------------------------------
 def train_stepping_per_micro_batch(model, optimizer, loss_fn, loader, micro_batch_size, steps):
     losses, batches = [], list(loader)
+    if not batches:
+        raise ValueError("empty loader")
     for step in range(steps):
         x, y = batches[step % len(batches)]
         total = 0.0
@@ -175,22 +259,62 @@ def train_stepping_per_micro_batch(model, optimizer, loss_fn, loader, micro_batc
     return losses
 
 
+def train_zeroing_per_micro_batch(model, optimizer, loss_fn, loader, micro_batch_size, steps):
+    """Its own micro-batch loop, with zero_grad() inside it: only the last micro-batch's gradient is left."""
+    losses, batches = [], list(loader)
+    if not batches:
+        raise ValueError("empty loader")
+    for step in range(steps):
+        x, y = batches[step % len(batches)]
+        total = 0.0
+        for a in range(0, len(x), micro_batch_size):
+            optimizer.zero_grad()
+            xb, yb = x[a:a + micro_batch_size], y[a:a + micro_batch_size]
+            loss = loss_fn(model(xb), yb) * (len(xb) / len(x))
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        losses.append(total)
+    return losses
+
+
 def train_full_batch(model, optimizer, loss_fn, loader, micro_batch_size, steps):
     return make_train(accumulate=lambda m, f, x, y, _: accumulate_gradients(m, f, x, y, len(x)))(
         model, optimizer, loss_fn, loader, micro_batch_size, steps)
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (make_train(zero=False), "later steps are not"),
-    (make_train(zero_after=True), "later steps are not"),
-    (make_train(cycle=False), "losses for steps=5"),
-    (make_train(as_float=False), "expected Python floats"),
-    (train_stepping_per_micro_batch, "the loss of step 1"),
-    (train_full_batch, "called on 37 samples at once"),
+@pytest.mark.parametrize("wrong, grade_id, message", [
+    (make_train(zero=False), "test_train_accumulated", "never zeroed"),
+    (make_train(zero_after=True), "test_train_accumulated", "did not change"),
+    (train_stepping_per_micro_batch, "test_train_accumulated", "once per micro-batch"),
+    (train_zeroing_per_micro_batch, "test_train_accumulated", "once per batch, before its first micro-batch, not "
+                                                              "per micro-batch"),
+    (train_full_batch, "test_train_accumulated_memory", "called on 37 samples at once"),
+    (make_train(zero_after=True), "test_train_accumulated_memory", "no parameter changed"),
+    (make_train(cycle=False), "test_train_accumulated_edge_cases", "losses for steps=5"),
+    (make_train(as_float=False), "test_train_accumulated_edge_cases", "expected Python floats"),
+    (make_train(indexing=True), "test_train_accumulated_edge_cases", "without len\\(\\) or indexing"),
+    (make_train(empty_ok=True), "test_train_accumulated_edge_cases", "empty loader"),
+    (make_train(at_least_one=True), "test_train_accumulated_edge_cases", "zero steps"),
 ])
-def test_train_accumulated_rejects(wrong, message):
+def test_train_accumulated_rejects(wrong, grade_id, message):
     with pytest.raises(AssertionError, match=message):
-        CHECKS["test_train_accumulated"](namespace(train_accumulated=wrong))
+        CHECKS[grade_id](namespace(train_accumulated=wrong))
+
+
+@pytest.mark.parametrize("wrong, grade_id, message", [
+    (make_train(zero=False), "test_train_accumulated", "never zeroed"),
+    (train_stepping_per_micro_batch, "test_train_accumulated", "once per micro-batch"),
+    (train_zeroing_per_micro_batch, "test_train_accumulated", "not per micro-batch"),
+    (train_full_batch, "test_train_accumulated_memory", "called on 37 samples at once"),
+    (make_train(cycle=False), "test_train_accumulated_edge_cases", "losses for steps=5"),
+    (make_train(as_float=False), "test_train_accumulated_edge_cases", "expected Python floats"),
+    (make_train(indexing=True), "test_train_accumulated_edge_cases", "without len\\(\\) or indexing"),
+    (make_train(empty_ok=True), "test_train_accumulated_edge_cases", "empty loader"),
+    (make_train(at_least_one=True), "test_train_accumulated_edge_cases", "zero steps"),
+])
+def test_train_accumulated_mistake_fails_only_its_cell(wrong, grade_id, message):
+    _fails_only(namespace(train_accumulated=wrong), grade_id, TRAIN_IDS, message)
 
 
 # --- the same checks through the sandbox, as at autograde ------------------------------------------

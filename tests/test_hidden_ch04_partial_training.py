@@ -1,11 +1,14 @@
 """The hidden tests of chapter 4 accept correct implementations and reject plausible wrong ones.
 
 The implementations here are written independently of solutions/ch04_partial_training.py, so that
-a bug shared by the solution and its hidden tests cannot hide. The last tests run the same checks
+a bug shared by the solution and its hidden tests cannot hide. Each graded cell checks one property:
+every wrong variant below fails the cell of its mistake, and the ``*_only`` tests show a variant
+failing exactly that cell while the exercise's other cells pass. The last tests run the same checks
 through the sandbox (``grader.sandbox.judge.run_checks``), as the autograder does.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,16 +21,22 @@ from sandbox_checks import sandbox_tests
 
 CHAPTER = "ch04_partial_training"
 CHECKS = checks_for(CHAPTER)
-GRADE_IDS = ["test_set_trainable", "test_pack_bits", "test_unpack_bits", "test_relu_1bit"]
+SET_TRAINABLE_IDS = ["test_set_trainable", "test_set_trainable_errors"]
+PACK_IDS = ["test_pack_bits", "test_pack_bits_errors"]
+RELU_IDS = ["test_relu_1bit", "test_relu_1bit_memory"]
+GRADE_IDS = SET_TRAINABLE_IDS + PACK_IDS + ["test_unpack_bits"] + RELU_IDS
 VALID = ("full", "last", "bn+last", "bias+last")
 
 
 # --- set_trainable: correct with the defaults, each flag one plausible mistake ---------------------
 def make_set_trainable(bn_takes_conv_bias=False, bn_by_name=False, remembered_count=None, count_all=False,
                        never_freeze=False, bias_of_conv_only=False, accept_unknown=False, terse_error=False,
-                       last_weight_only=False):
+                       last_weight_only=False, count_tensors=False, bias_takes_bn_weight=False,
+                       type_error=False):
     def set_trainable(model, mode):
         if mode not in VALID and not accept_unknown:
+            if type_error:
+                raise TypeError(f"mode must be one of {', '.join(VALID)}")
             raise ValueError("unknown mode" if terse_error else f"mode must be one of {', '.join(VALID)}")
         wanted = []
         for module in model.modules():
@@ -37,6 +46,8 @@ def make_set_trainable(bn_takes_conv_bias=False, bn_by_name=False, remembered_co
                 wanted += own.values()
             if mode == "bias+last" and "bias" in own and (not bias_of_conv_only or isinstance(module, nn.Conv2d)):
                 wanted.append(own["bias"])
+            if mode == "bias+last" and bias_takes_bn_weight and isinstance(module, nn.BatchNorm2d):
+                wanted.append(own["weight"])
             if mode == "bn+last" and bn_takes_conv_bias and isinstance(module, nn.Conv2d) and "bias" in own:
                 wanted.append(own["bias"])
         if mode == "bn+last" and bn_by_name:
@@ -52,38 +63,94 @@ def make_set_trainable(bn_takes_conv_bias=False, bn_by_name=False, remembered_co
                 p.requires_grad = False
         if remembered_count is not None:
             return remembered_count[mode]
+        if count_tensors:
+            return sum(1 for p in model.parameters() if p.requires_grad)
         return sum(p.numel() for p in model.parameters() if p.requires_grad or count_all)
 
     return set_trainable
 
 
+def set_trainable_other(model, mode):
+    """Also correct, written differently: by parameter name and the owning module's class, via a table."""
+    rules = {"full": lambda module, name: True,
+             "last": lambda module, name: False,
+             "bn+last": lambda module, name: isinstance(module, nn.modules.batchnorm._BatchNorm),
+             "bias+last": lambda module, name: name == "bias"}
+    if mode not in rules:
+        raise ValueError(f"{mode!r} is not a mode; use 'full', 'last', 'bn+last' or 'bias+last'")
+    head = {id(p) for p in model.classifier.parameters()}
+    total = 0
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            p.requires_grad_(id(p) in head or rules[mode](module, name))
+            total += p.numel() if p.requires_grad else 0
+    return total
+
+
 # --- pack_bits / unpack_bits -------------------------------------------------------------------------
-def make_pack_bits(msb_first=False, drop_tail=False, check_dtype=True, out_dtype=torch.uint8, pad_value=0):
+def make_pack_bits(msb_first=False, drop_tail=False, check_dtype=True, out_dtype=torch.uint8, pad_value=0,
+                   reverse_bytes=False, pad_front=False, strided=False, column_major=False, one_per_byte=False):
     def pack_bits(mask):
         if check_dtype and mask.dtype != torch.bool:
             raise ValueError(f"expected a bool mask, got {mask.dtype}")
+        if column_major:
+            mask = mask.permute(*reversed(range(mask.dim())))
         flat = mask.flatten().to(torch.uint8)
         n = flat.numel()
+        if one_per_byte:
+            return flat
         if drop_tail:
             flat = flat[: n - n % 8]
         else:
-            flat = F.pad(flat, (0, (8 - n % 8) % 8), value=pad_value)
+            pad = (8 - n % 8) % 8
+            flat = F.pad(flat, (pad, 0) if pad_front else (0, pad), value=pad_value)
         shifts = torch.arange(8, dtype=torch.uint8)
         if msb_first:
             shifts = shifts.flip(0)
-        return (flat.view(-1, 8) << shifts).sum(dim=1).to(out_dtype)
+        if strided:
+            out = (flat.view(8, -1) << shifts.view(8, 1)).sum(dim=0)
+        else:
+            out = (flat.view(-1, 8) << shifts).sum(dim=1)
+        out = out.to(out_dtype)
+        return out.flip(0) if reverse_bytes else out
 
     return pack_bits
 
 
-def make_unpack_bits(msb_first=False, keep_tail=False, out_dtype=torch.bool):
+def make_unpack_bits(msb_first=False, keep_tail=False, out_dtype=torch.bool, reverse_bytes=False, strided=False,
+                     from_end=False, check_dtype=True, check_size=True):
     def unpack_bits(packed, numel):
+        if check_dtype and packed.dtype != torch.uint8:
+            raise ValueError(f"packed must be uint8, got {packed.dtype}")
+        if check_size and numel > 8 * packed.numel():
+            raise ValueError(f"{packed.numel()} bytes hold fewer than {numel} bits")
+        if reverse_bytes:
+            packed = packed.flip(0)
         order = range(7, -1, -1) if msb_first else range(8)
         bits = torch.stack([torch.div(packed, 2 ** j, rounding_mode="floor") % 2 for j in order], dim=1)
-        flat = bits.flatten()
-        return (flat if keep_tail else flat[:numel]).to(out_dtype)
+        flat = bits.t().flatten() if strided else bits.flatten()
+        if keep_tail:
+            return flat.to(out_dtype)
+        return (flat[-numel:] if from_end else flat[:numel]).to(out_dtype)
 
     return unpack_bits
+
+
+def unpack_other(packed, numel):
+    """Also correct, written differently: a lookup of bit masks and a comparison, no shifts."""
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
+        raise ValueError("packed must be a torch.uint8 tensor")
+    if numel > packed.numel() * 8:
+        raise ValueError("not enough bits")
+    masks = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+    return (packed.unsqueeze(1).bitwise_and(masks) != 0).reshape(-1)[:numel]
+
+
+def pack_other(mask):
+    """Also correct, written differently: numpy's packbits, little bit order."""
+    if mask.dtype != torch.bool:
+        raise ValueError("not a bool mask")
+    return torch.from_numpy(np.packbits(mask.reshape(-1).numpy(), bitorder="little").copy())
 
 
 pack_ok, unpack_ok = make_pack_bits(), make_unpack_bits()
@@ -158,63 +225,129 @@ def test_correct_implementations_pass(grade_id):
     CHECKS[grade_id](namespace())
 
 
-def test_other_correct_relu_passes():
-    CHECKS["test_relu_1bit"](namespace(relu_1bit=make_relu()))
+@pytest.mark.parametrize("grade_id", GRADE_IDS)
+def test_other_correct_implementations_pass(grade_id):
+    CHECKS[grade_id](namespace(set_trainable=set_trainable_other, pack_bits=pack_other, unpack_bits=unpack_other,
+                               relu_1bit=make_relu()))
+
+
+def _fails_only(ns, grade_id: str, ids: list[str], message: str | None = None):
+    """``grade_id`` fails (with ``message`` when given) and every other cell of the exercise passes."""
+    with pytest.raises(AssertionError, match=message):
+        CHECKS[grade_id](ns)
+    for other in ids:
+        if other != grade_id:
+            CHECKS[other](ns)
 
 
 COUNTS_OF_THE_COURSE_CNN = {"full": 130_821, "last": 645, "bn+last": 1_221, "bias+last": 1_221}
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (make_set_trainable(bn_takes_conv_bias=True), "A convolution bias is not a BatchNorm parameter"),
-    (make_set_trainable(bn_by_name=True), "by type"),
-    (make_set_trainable(remembered_count=COUNTS_OF_THE_COURSE_CNN), "not a number remembered"),
-    (make_set_trainable(count_all=True), "number of elements of the parameters that now require grad"),
-    (make_set_trainable(never_freeze=True), "whatever it was before the call"),
-    (make_set_trainable(bias_of_conv_only=True), "convolution and BatchNorm"),
-    (make_set_trainable(last_weight_only=True), "every parameter of model.classifier"),
-    (make_set_trainable(accept_unknown=True), "must raise ValueError"),
-    (make_set_trainable(terse_error=True), "list the valid modes"),
+@pytest.mark.parametrize("wrong, grade_id, message", [
+    (make_set_trainable(bn_takes_conv_bias=True), "test_set_trainable", "A convolution bias is not a BatchNorm"),
+    (make_set_trainable(bn_by_name=True), "test_set_trainable", "by type"),
+    (make_set_trainable(remembered_count=COUNTS_OF_THE_COURSE_CNN), "test_set_trainable",
+     "count of the course's default TransferCNN"),
+    (make_set_trainable(count_all=True), "test_set_trainable", "that is every parameter of the model"),
+    (make_set_trainable(count_tensors=True), "test_set_trainable", "number of trainable parameter tensors"),
+    (make_set_trainable(never_freeze=True), "test_set_trainable", "whatever it was before the call"),
+    (make_set_trainable(bias_of_conv_only=True), "test_set_trainable", "BatchNorm biases .β. and convolution"),
+    (make_set_trainable(bias_takes_bn_weight=True), "test_set_trainable", "a BatchNorm weight .γ. stays frozen"),
+    (make_set_trainable(last_weight_only=True), "test_set_trainable", "trains whole, in every mode"),
+    (make_set_trainable(accept_unknown=True), "test_set_trainable_errors", "must raise ValueError"),
+    (make_set_trainable(type_error=True), "test_set_trainable_errors", "raised TypeError"),
+    (make_set_trainable(terse_error=True), "test_set_trainable_errors", "list the four valid modes"),
 ])
-def test_set_trainable_rejects(wrong, message):
+def test_set_trainable_rejects(wrong, grade_id, message):
     with pytest.raises(AssertionError, match=message):
-        CHECKS["test_set_trainable"](namespace(set_trainable=wrong))
+        CHECKS[grade_id](namespace(set_trainable=wrong))
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (make_pack_bits(msb_first=True), "not bit 7 - j"),
-    (make_pack_bits(drop_tail=True), "the last, partly used byte must be kept"),
-    (make_pack_bits(check_dtype=False), "raise ValueError"),
-    (make_pack_bits(out_dtype=torch.int64), "return a torch.uint8 tensor"),
-    (make_pack_bits(pad_value=1), "unused high bits of the last byte must be 0"),
+@pytest.mark.parametrize("wrong, grade_id, message", [
+    (make_set_trainable(bn_takes_conv_bias=True), "test_set_trainable", "A convolution bias is not a BatchNorm"),
+    (make_set_trainable(never_freeze=True), "test_set_trainable", "whatever it was before the call"),
+    (make_set_trainable(count_tensors=True), "test_set_trainable", "number of trainable parameter tensors"),
+    (make_set_trainable(accept_unknown=True), "test_set_trainable_errors", "must raise ValueError"),
+    (make_set_trainable(terse_error=True), "test_set_trainable_errors", "list the four valid modes"),
 ])
-def test_pack_bits_rejects(wrong, message):
+def test_set_trainable_mistake_fails_only_its_cell(wrong, grade_id, message):
+    _fails_only(namespace(set_trainable=wrong), grade_id, SET_TRAINABLE_IDS, message)
+
+
+@pytest.mark.parametrize("wrong, grade_id, message", [
+    (make_pack_bits(msb_first=True), "test_pack_bits", "bit 7 - j .most significant bit first"),
+    (make_pack_bits(reverse_bytes=True), "test_pack_bits", "bytes are in reverse order"),
+    (make_pack_bits(pad_front=True), "test_pack_bits", "padding went before the elements"),
+    (make_pack_bits(strided=True), "test_pack_bits", "not \\(8, -1\\)"),
+    (make_pack_bits(column_major=True), "test_pack_bits", "flattened in another order"),
+    (make_pack_bits(drop_tail=True), "test_pack_bits", "the last, partly used byte must be kept"),
+    (make_pack_bits(one_per_byte=True), "test_pack_bits", "one byte per element"),
+    (make_pack_bits(out_dtype=torch.int64), "test_pack_bits", "return a torch.uint8 tensor"),
+    (make_pack_bits(pad_value=1), "test_pack_bits", "unused high bits of the last byte must be 0"),
+    (make_pack_bits(check_dtype=False), "test_pack_bits_errors", "raise ValueError"),
+])
+def test_pack_bits_rejects(wrong, grade_id, message):
     with pytest.raises(AssertionError, match=message):
-        CHECKS["test_pack_bits"](namespace(pack_bits=wrong))
+        CHECKS[grade_id](namespace(pack_bits=wrong))
+
+
+@pytest.mark.parametrize("wrong, grade_id, message", [
+    (make_pack_bits(msb_first=True), "test_pack_bits", "most significant bit first"),
+    (make_pack_bits(reverse_bytes=True), "test_pack_bits", "bytes are in reverse order"),
+    (make_pack_bits(check_dtype=False), "test_pack_bits_errors", "raise ValueError"),
+])
+def test_pack_bits_mistake_fails_only_its_cell(wrong, grade_id, message):
+    _fails_only(namespace(pack_bits=wrong), grade_id, PACK_IDS, message)
+
+
+def test_pack_bits_layout_hints_name_their_cause():
+    """Each wrong layout gets its own cause, never the bit-order hint of another mistake."""
+    causes = {"msb_first": "most significant bit first", "reverse_bytes": "reverse order",
+              "pad_front": "padding went before", "strided": "(8, -1)", "column_major": "another order"}
+    for flag, cause in causes.items():
+        with pytest.raises(AssertionError) as info:
+            CHECKS["test_pack_bits"](namespace(pack_bits=make_pack_bits(**{flag: True})))
+        message = str(info.value)
+        assert cause in message, (flag, message)
+        assert all(other not in message for other in causes.values() if other != cause), (flag, message)
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (make_unpack_bits(msb_first=True), "not bit 7 - j"),
+    (make_unpack_bits(msb_first=True), "read from bit 7 - j"),
+    (make_unpack_bits(reverse_bytes=True), "bytes were read in reverse order"),
+    (make_unpack_bits(strided=True), "not its transpose"),
+    (make_unpack_bits(from_end=True), "not the last numel"),
     (make_unpack_bits(keep_tail=True), "return exactly numel elements"),
     (make_unpack_bits(out_dtype=torch.uint8), "return a torch.bool tensor"),
+    (make_unpack_bits(check_dtype=False), "int64 tensor returned normally"),
+    (make_unpack_bits(check_size=False), "2 bytes .16 bits. with numel=17 returned normally"),
 ])
 def test_unpack_bits_rejects(wrong, message):
     with pytest.raises(AssertionError, match=message):
         CHECKS["test_unpack_bits"](namespace(unpack_bits=wrong))
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (torch.relu, "torch.relu keeps"),
-    (make_relu(save="output"), "torch.relu keeps"),
-    (make_relu(save="packed+output"), "torch.relu keeps"),
-    (make_relu(save="bool"), "a byte per element"),
-    (make_relu(save="nothing", attr="packed"), "hides it from autograd's saved-tensor hooks"),
-    (make_relu(attr="x"), "not x or the output kept some other way"),
-    (make_relu(mask_ge=True), "not x >= 0"),
+@pytest.mark.parametrize("wrong, grade_id, message", [
+    (torch.relu, "test_relu_1bit_memory", "torch.relu keeps"),
+    (make_relu(save="output"), "test_relu_1bit_memory", "torch.relu keeps"),
+    (make_relu(save="packed+output"), "test_relu_1bit_memory", "torch.relu keeps"),
+    (make_relu(save="bool"), "test_relu_1bit_memory", "a byte per element"),
+    (make_relu(save="nothing", attr="packed"), "test_relu_1bit_memory", "hides it from autograd's saved-tensor hooks"),
+    (make_relu(attr="x"), "test_relu_1bit_memory", "not x or the output kept some other way"),
+    (make_relu(mask_ge=True), "test_relu_1bit", "not x >= 0"),
 ])
-def test_relu_1bit_rejects(wrong, message):
+def test_relu_1bit_rejects(wrong, grade_id, message):
     with pytest.raises(AssertionError, match=message):
-        CHECKS["test_relu_1bit"](namespace(relu_1bit=wrong))
+        CHECKS[grade_id](namespace(relu_1bit=wrong))
+
+
+@pytest.mark.parametrize("wrong, grade_id, message", [
+    (make_relu(mask_ge=True), "test_relu_1bit", "not x >= 0"),
+    (make_relu(save="bool"), "test_relu_1bit_memory", "a byte per element"),
+    (torch.relu, "test_relu_1bit_memory", "torch.relu keeps"),
+])
+def test_relu_1bit_mistake_fails_only_its_cell(wrong, grade_id, message):
+    _fails_only(namespace(relu_1bit=wrong), grade_id, RELU_IDS, message)
 
 
 def test_wrong_unpack_breaks_an_otherwise_correct_relu():
@@ -231,7 +364,7 @@ def test_wrong_unpack_breaks_an_otherwise_correct_relu():
         @staticmethod
         def backward(ctx, g):
             (p,) = ctx.saved_tensors
-            bits = make_unpack_bits(keep_tail=True)(p, ctx.n)
+            bits = make_unpack_bits(keep_tail=True, check_size=False)(p, ctx.n)
             bits = F.pad(bits, (0, ctx.n - bits.numel()))
             return g * bits.view(ctx.shape)
 
@@ -240,4 +373,5 @@ def test_wrong_unpack_breaks_an_otherwise_correct_relu():
 
 
 # --- the same checks through the sandbox, as at autograde ------------------------------------------
-test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(CHAPTER, WRONG)
+test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(
+    CHAPTER, WRONG, {"relu_1bit": "test_relu_1bit_memory"})

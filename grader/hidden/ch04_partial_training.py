@@ -1,19 +1,28 @@
-"""Hidden tests of chapter 4 (partial training).
+"""Hidden tests of chapter 4 (partial training), one graded cell per property.
 
-``set_trainable`` runs on TransferCNN variants of other widths, depths and strides, and on a
-model whose blocks are anonymous ``nn.Sequential(nn.Conv2d, nn.BatchNorm2d, nn.ReLU)`` (BatchNorm
-found by type, not by attribute name), through a sequence of modes on the same model (each call
-must also freeze what the previous one trained); the returned count must be the real one. What
-trains is read off the judge's own parameter tensors (sent with the model in one message), and one
-backward pass driven by the judge (``probes.ch01_sgd_steps``, learning rate 0) must reach exactly
-those tensors: a shadowed ``named_parameters`` or swapped-in parameters change nothing.
-``pack_bits`` / ``unpack_bits`` are compared with ``numpy.packbits(..., bitorder="little")``;
-the buffers given to ``unpack_bits`` carry garbage in their unused tail bits. ``relu_1bit`` is
-compared with plain ``torch.relu`` autograd (exact zeros included), once more with the input and
-output overwritten between forward and backward; what it keeps for backward is read from outside
-the student's process on a 64 MiB input (``grader.resources``). The saved-bytes probe
-(``probes.ch04_saved_run``, a claim the student's code could fake) only adds the requirement that
-the mask goes through ``ctx.save_for_backward``.
+``set_trainable`` (``test_set_trainable``) runs on TransferCNN variants of other widths, depths and
+strides, and on a model whose blocks are anonymous ``nn.Sequential(nn.Conv2d, nn.BatchNorm2d,
+nn.ReLU)`` (BatchNorm found by type, not by attribute name), through a sequence of modes on the same
+model (each call must also freeze what the previous one trained); the returned count must be the
+real one. What trains is read off the judge's own parameter tensors (sent with the model in one
+message), and one backward pass driven by the judge (``probes.ch01_sgd_steps``, learning rate 0)
+must reach exactly those tensors: a shadowed ``named_parameters`` or swapped-in parameters change
+nothing. ``test_set_trainable_errors``: the ValueError for unknown modes (near misses included), whose
+message lists the four modes (the docstring says so).
+
+``pack_bits`` / ``unpack_bits`` are compared with ``numpy.packbits(..., bitorder="little")``; a wrong
+layout is matched against the plausible ones (most significant bit first, bytes reversed, padding
+before the elements, the 8 elements of a byte taken with a stride, a mask flattened in another order)
+to name the one that was made. The buffers given to ``unpack_bits`` carry garbage in their unused tail
+bits; it must refuse a buffer that is not uint8 or holds too few bits (ValueError).
+``test_pack_bits_errors``: the ValueError for masks that are not bool.
+
+``relu_1bit`` (``test_relu_1bit``) is compared with plain ``torch.relu`` autograd (exact zeros of both
+signs included). ``test_relu_1bit_memory``: the gradient must not change when the input and output are
+overwritten between forward and backward (backward uses only what it saved), and what it keeps for
+backward is read from outside the student's process on a 64 MiB input (``grader.resources``). The
+saved-bytes probe (``probes.ch04_saved_run``, a claim the student's code could fake) only adds the
+requirement that the mask goes through ``ctx.save_for_backward``.
 """
 from __future__ import annotations
 
@@ -31,7 +40,8 @@ from grader.api import fetch, hidden_test
 from grader.resources import MiB, Meter, fresh_tensor, mib
 from grader.source_policy import Shortcut, SourcePolicy
 
-# The course's TinyTL kernels (kernels.ch05_tinytl) implement pack_bits, unpack_bits and relu_1bit.
+# The course's TinyTL kernels (kernels.ch05_tinytl) compute what pack_bits, unpack_bits and relu_1bit do
+# (pack_mask_*, unpack_mask_*, relu_packed).
 SOURCE_POLICY = SourcePolicy(shortcuts=(
     Shortcut(paths=("kernels.ch05_tinytl",),
              instead="write pack_bits, unpack_bits and relu_1bit with torch operations; kernels.ch05_tinytl "
@@ -47,7 +57,7 @@ RULES = {
     "bias+last": ("every parameter named 'bias' (convolution and BatchNorm) plus every parameter of "
                   "model.classifier; BatchNorm weights stay frozen"),
 }
-BIT_ORDER_HINT = "element 8k + j of the flattened mask is bit j (value 2**j) of byte k, not bit 7 - j"
+LAYOUT_HINT = "element 8k + j of the flattened mask is bit j (value 2**j) of byte k"
 TAIL_HINT = "n elements need ceil(n / 8) bytes: the last, partly used byte must be kept"
 BYTES_HINT = ("save exactly one thing for backward, pack_bits(x > 0), with ctx.save_for_backward; "
               "a bool mask costs a byte per element, the fp32 input or output 4 bytes")
@@ -92,7 +102,8 @@ def _expected_flags(model: nn.Module, mode: str) -> dict[str, bool]:
     return flags
 
 
-def _diff_message(model_name: str, mode: str, history: list[str], got: dict, want: dict) -> str:
+def _diff_message(model_name: str, mode: str, history: list[str], got: dict, want: dict, before: dict) -> str:
+    """What the call got wrong, and the cause: ``before`` holds the flags the parameters had before it."""
     wrongly_on = sorted(n for n in want if got[n][1] and not want[n])
     wrongly_off = sorted(n for n in want if want[n] and not got[n][1])
     parts = [f"set_trainable(model, {mode!r}) on {model_name}"
@@ -102,13 +113,39 @@ def _diff_message(model_name: str, mode: str, history: list[str], got: dict, wan
     if wrongly_off:
         parts.append(f"freezes {', '.join(wrongly_off[:6])}{' ...' if len(wrongly_off) > 6 else ''}")
     hint = f"{mode} trains {RULES[mode]}."
-    if mode == "bn+last" and any(n.endswith(".bias") and not n.startswith("classifier") for n in wrongly_on):
+    stale = sorted(n for n in want if before[n] and not want[n])  # what this call had to freeze
+    if wrongly_on and wrongly_on == stale:
+        hint += (" Nothing that was trainable before the call was frozen: every other parameter must get "
+                 "requires_grad=False, whatever it was before the call.")
+    elif mode == "bn+last" and wrongly_on and all(n.endswith(".bias") for n in wrongly_on):
         hint += " A convolution bias is not a BatchNorm parameter."
+    elif mode == "bias+last" and wrongly_on and all(n.endswith(".weight") for n in wrongly_on):
+        hint += " Only parameters whose own name is 'bias' train: a BatchNorm weight (γ) stays frozen."
+    elif wrongly_on:
+        hint += " Every parameter the rule does not name must get requires_grad=False."
+    if any(n.startswith("classifier.") for n in wrongly_off):
+        hint += " model.classifier trains whole, in every mode: its weight and its bias."
     if mode == "bn+last" and wrongly_off and "plain" in model_name:
         hint += " Find BatchNorm layers by type (isinstance), not by attribute name."
-    if wrongly_on:
-        hint += " Every other parameter must get requires_grad=False, whatever it was before the call."
+    elif mode == "bias+last" and wrongly_off and all(n.endswith(".bias") for n in wrongly_off):
+        hint += " Every bias trains, BatchNorm biases (β) and convolution biases alike: select by the name 'bias'."
     return "; ".join(parts) + ". " + hint
+
+
+def _count_hint(count: int, real: int, model: nn.Module, mode: str, flags: dict[str, bool]) -> str:
+    """Why the returned count is wrong, when it is a known wrong number."""
+    params = dict(model.named_parameters())
+    course = TransferCNN(seed=0)
+    if count == sum(p.numel() for p in params.values()):
+        return ("that is every parameter of the model: count only the elements of the parameters that require "
+                "grad after the call")
+    if count == sum(1 for n in flags if flags[n]):
+        return "that is the number of trainable parameter tensors: count their elements (p.numel()), summed"
+    if count == sum(course.get_parameter(n).numel() for n, on in _expected_flags(course, mode).items() if on):
+        return ("that is the count of the course's default TransferCNN: count on the model you are given, not a "
+                "number remembered for one architecture")
+    return ("return the number of elements of the parameters that now require grad, counted on the model, not a "
+            "number remembered for one architecture")
 
 
 @hidden_test("test_set_trainable")
@@ -123,13 +160,15 @@ def check_set_trainable(nb):
         sent = nb.put((model, list(model.parameters())))  # one message: the tensors are the model's own
         handle = sent[0]
         named = {n: sent[1][i] for i, n in enumerate(names)}  # handles: indexed, not iterated
+        before = {n: row["requires_grad"] for n, row in zip(names, fetch(nb.apply(probes.tensor_states, sent[1])))}
         for i, mode in enumerate(sequence):
             count = fetch(nb.set_trainable(handle, mode))
             rows = fetch(nb.apply(probes.tensor_states, sent[1]))
             got = {n: [numel[n], row["requires_grad"]] for n, row in zip(names, rows)}
             want = _expected_flags(model, mode)
             if any(got[n][1] != want[n] for n in want):
-                raise AssertionError(_diff_message(model_name, mode, sequence[:i], got, want))
+                raise AssertionError(_diff_message(model_name, mode, sequence[:i], got, want, before))
+            before = {n: got[n][1] for n in names}
             run = fetch(nb.apply(probes.ch01_sgd_steps, handle, named, x, g, steps=1, lr=0.0, weight_decay=0.0))
             if "error" in run:
                 raise AssertionError(f"after set_trainable(model, {mode!r}) on {model_name}: {run['error']}")
@@ -141,18 +180,24 @@ def check_set_trainable(nb):
             if not isinstance(count, int) or isinstance(count, bool):
                 raise AssertionError(f"set_trainable(model, {mode!r}) returned a {type(count).__name__}; return "
                                      f"the number of trainable parameters as an int ({real:,} here)")
-            check_equal(count, real, f"the count returned by set_trainable(model, {mode!r}) on {model_name}",
-                        "return the number of elements of the parameters that now require grad, counted on "
-                        "the model, not a number remembered for one architecture")
+            if count != real:
+                check_equal(count, real, f"the count returned by set_trainable(model, {mode!r}) on {model_name}",
+                            _count_hint(count, real, model, mode, want))
+
+
+@hidden_test("test_set_trainable_errors")
+def check_set_trainable_errors(nb):
     for bad in ("lora", "bias", "last+bn"):
         err = fetch(nb.apply(probes.ch04_error, nb.set_trainable, TransferCNN(widths=(4,), strides=(1,)), bad))
         if err is None or "ValueError" not in err["types"]:
             what = "returned normally" if err is None else f"raised {err['types'][0]}"
-            raise AssertionError(f"set_trainable(model, {bad!r}) {what}: an unknown mode must raise ValueError")
+            raise AssertionError(f"set_trainable(model, {bad!r}) {what}: an unknown mode must raise ValueError "
+                                 "(check the mode before changing anything)")
         missing = [m for m in MODES if m not in err["message"]]
         if missing:
-            raise AssertionError(f"the ValueError for mode {bad!r} says {err['message']!r}: list the valid modes "
-                                 f"({', '.join(MODES)}); missing {', '.join(missing)}")
+            raise AssertionError(f"the ValueError for mode {bad!r} says {err['message']!r}: the docstring asks the "
+                                 f"message to list the four valid modes ({', '.join(MODES)}); missing "
+                                 f"{', '.join(missing)}")
 
 
 # --- pack_bits / unpack_bits -----------------------------------------------------------------------
@@ -177,8 +222,56 @@ def _pack_cases():
         yield f"9 elements with only element {j} True", one_hot
 
 
+def _bits(mask: torch.Tensor, order: str = "row") -> torch.Tensor:
+    """The mask flattened (row-major, or with its dimensions reversed: column-major) as uint8 0/1."""
+    if order == "column":
+        mask = mask.permute(*reversed(range(mask.dim())))
+    return mask.reshape(-1).to(torch.uint8)
+
+
+def _pack_as(bits: torch.Tensor, lsb_first: bool = True, pad_at_end: bool = True, strided: bool = False):
+    """Pack 0/1 values 8 to a byte the way a plausible implementation would."""
+    n = bits.numel()
+    pad = 8 * math.ceil(n / 8) - n
+    zeros = torch.zeros(pad, dtype=torch.uint8)
+    padded = torch.cat([bits, zeros] if pad_at_end else [zeros, bits]).long()
+    weights = 2 ** torch.arange(8)
+    if not lsb_first:
+        weights = weights.flip(0)
+    if strided:  # byte k holds elements k, k + nbytes, k + 2 nbytes, ...
+        return (padded.view(8, -1) * weights[:, None]).sum(0).to(torch.uint8)
+    return (padded.view(-1, 8) * weights).sum(1).to(torch.uint8)
+
+
+MSB_HINT = ("element 8k + j went to bit 7 - j (most significant bit first, numpy.packbits' default "
+            "bitorder='big'); it goes to bit j, value 2**j, so that element 8k is the lowest bit")
+BYTE_ORDER_HINT = ("the bytes are in reverse order: byte k holds elements 8k to 8k + 7, so the first byte holds the "
+                   "first eight elements (do not flip)")
+PAD_START_HINT = ("the padding went before the elements: pad the flattened mask at its end, so that the unused bits "
+                  "are the high bits of the last byte")
+STRIDED_HINT = ("byte k holds elements k, k + n_bytes, k + 2 n_bytes, ...: the eight elements of byte k are the "
+                "consecutive 8k to 8k + 7, so reshape the padded mask to (-1, 8), not (8, -1)")
+ORDER_HINT = ("the mask was flattened in another order (its last dimension was not the fastest): flatten it "
+              "row-major, mask.reshape(-1), as a contiguous tensor is laid out")
+
+
+def _layouts(mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Hint -> the bytes a plausible wrong layout gives for ``mask``."""
+    bits = _bits(mask)
+    layouts = {MSB_HINT: _pack_as(bits, lsb_first=False), BYTE_ORDER_HINT: _pack_as(bits).flip(0),
+               PAD_START_HINT: _pack_as(bits, pad_at_end=False), STRIDED_HINT: _pack_as(bits, strided=True)}
+    if mask.dim() > 1:
+        layouts[ORDER_HINT] = _pack_as(_bits(mask, "column"))
+    return layouts
+
+
+def _byte_bits(byte: int) -> str:
+    return f"{byte} (bits {byte:08b}, bit 7 first)"
+
+
 @hidden_test("test_pack_bits")
 def check_pack_bits(nb):
+    wrong = []  # (what differs, the known mistakes that give exactly this output, the generic hint)
     for where, mask in _pack_cases():
         n = mask.numel()
         got = fetch(nb.pack_bits(mask))
@@ -187,22 +280,46 @@ def check_pack_bits(nb):
             raise AssertionError(f"pack_bits({where}) returned "
                                  f"{getattr(got, 'dtype', type(got).__name__)}: return a torch.uint8 tensor")
         if tuple(got.shape) != (math.ceil(n / 8),):
-            hint = TAIL_HINT if got.numel() == n // 8 else "return a flat tensor of ceil(n / 8) bytes"
+            if got.numel() == n // 8 and n % 8:
+                hint = TAIL_HINT
+            elif got.numel() == n and n > 1:
+                hint = "that is one byte per element: pack eight elements into each byte"
+            else:
+                hint = "return a flat tensor of ceil(n / 8) bytes"
             raise AssertionError(f"pack_bits({where}) has shape {tuple(got.shape)}, expected "
                                  f"({math.ceil(n / 8)},). {hint}")
         if not same_values(got, want):
             k = int((got != want).nonzero()[0])
             used = (1 << (n % 8 or 8)) - 1  # the bits of the last byte that hold elements
             tail_only = same_values(got[:-1], want[:-1]) and int(got[-1]) & used == int(want[-1])
-            hint = "the unused high bits of the last byte must be 0" if tail_only else BIT_ORDER_HINT
-            raise AssertionError(f"pack_bits({where}): byte {k} is {int(got[k])} (bits {int(got[k]):08b}), "
-                                 f"expected {int(want[k])} (bits {int(want[k]):08b}). {hint}")
+            causes = (["the unused high bits of the last byte must be 0"] if tail_only else
+                      [cause for cause, wrong in _layouts(mask).items() if same_values(got, wrong)])
+            wrong.append((f"pack_bits({where}): byte {k} is {_byte_bits(int(got[k]))}, expected "
+                          f"{_byte_bits(int(want[k]))}.", causes,
+                          f"{LAYOUT_HINT}: byte {k} holds elements {8 * k} to {min(8 * k + 7, n - 1)}, "
+                          f"{_bits(mask)[8 * k:8 * k + 8].tolist()} (element {8 * k} first)"))
+    _report(wrong)
+
+
+def _report(wrong: list[tuple[str, list[str], str]]) -> None:
+    """Fail on the first wrong case whose output one known mistake explains (several explain the small
+    cases alike: one element in a byte), else on the first wrong case, with its generic hint."""
+    if not wrong:
+        return
+    what, causes, generic = next((w for w in wrong if len(w[1]) == 1), wrong[0])
+    hint = " Or: ".join(causes) if causes else generic
+    raise AssertionError(f"{what} {hint}")
+
+
+@hidden_test("test_pack_bits_errors")
+def check_pack_bits_errors(nb):
     for bad, what in ((torch.ones(12), "a float tensor"), (torch.ones(12, dtype=torch.uint8), "a uint8 tensor"),
                       (torch.arange(12), "an int64 tensor")):
         err = fetch(nb.apply(probes.ch04_error, nb.pack_bits, bad))
         if err is None or "ValueError" not in err["types"]:
             got = "returned normally" if err is None else f"raised {err['types'][0]}"
-            raise AssertionError(f"pack_bits on {what} {got}: only torch.bool masks are accepted, raise ValueError")
+            raise AssertionError(f"pack_bits on {what} {got}: only torch.bool masks are accepted; check the dtype "
+                                 "and raise ValueError")
 
 
 def _with_garbage_tail(packed: torch.Tensor, n: int) -> torch.Tensor:
@@ -213,10 +330,41 @@ def _with_garbage_tail(packed: torch.Tensor, n: int) -> torch.Tensor:
     return packed
 
 
+def _unpack_as(packed: torch.Tensor, lsb_first: bool = True, strided: bool = False) -> torch.Tensor:
+    """All 8 × n_bytes bits of ``packed`` in the order a plausible implementation reads them."""
+    shifts = torch.arange(8) if lsb_first else torch.arange(7, -1, -1)
+    bits = (packed.long().view(-1, 1) >> shifts) & 1  # (n_bytes, 8)
+    return (bits.t() if strided else bits).reshape(-1).bool()
+
+
+def _readings(packed: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
+    """Hint -> what a plausible wrong reading of ``packed`` gives for ``n`` elements."""
+    return {
+        "element 8k + j was read from bit 7 - j (most significant bit first); it is bit j, value 2**j: "
+        "(byte >> j) & 1": _unpack_as(packed, lsb_first=False)[:n],
+        "the bytes were read in reverse order: elements 8k to 8k + 7 come from byte k, the first byte first":
+            _unpack_as(packed.flip(0))[:n],
+        STRIDED_HINT.replace("reshape the padded mask to (-1, 8), not (8, -1)",
+                             "lay the bits out as (n_bytes, 8) and flatten that, not its transpose"):
+            _unpack_as(packed, strided=True)[:n],
+        "the elements are the first numel bits; the unused bits are the high bits of the last byte, at the end: "
+        "keep bits[:numel], not the last numel": _unpack_as(packed)[-n:],
+    }
+
+
+def _refused(nb, packed: torch.Tensor, numel: int, why: str) -> None:
+    err = fetch(nb.apply(probes.ch04_error, nb.unpack_bits, packed, numel))
+    if err is None or "ValueError" not in err["types"]:
+        got = "returned normally" if err is None else f"raised {err['types'][0]}"
+        raise AssertionError(f"unpack_bits on {why} {got}: the docstring asks for ValueError when packed is not "
+                             "uint8 or holds fewer than numel bits (8 per byte); check before unpacking")
+
+
 @hidden_test("test_unpack_bits")
 def check_unpack_bits(nb):
     cases = [(f"a random mask of {math.prod(s)} elements", _mask(s, seed=200 + i)) for i, s in enumerate(SHAPES)]
     cases.append(("61 False values", torch.zeros(61, dtype=torch.bool)))
+    wrong = []  # (what differs, the known mistakes that give exactly this output, the generic hint)
     for where, mask in cases:
         n = mask.numel()
         packed = _with_garbage_tail(_reference_pack(mask), n)
@@ -230,11 +378,16 @@ def check_unpack_bits(nb):
                                  "exactly numel elements (the tail bits of the last byte are not elements)")
         if not same_values(got, want):
             i = int((got != want).nonzero()[0])
-            reversed_order = torch.from_numpy(np.unpackbits(packed.numpy(), bitorder="big")[:n].astype(bool))
-            hint = BIT_ORDER_HINT if same_values(got, reversed_order) else (
-                "read element 8k + j from bit j of byte k, for every k")
-            raise AssertionError(f"unpack_bits for {where} (unused tail bits set to 1): element {i} is "
-                                 f"{bool(got[i])}, expected {bool(want[i])}. {hint}")
+            wrong.append((f"unpack_bits for {where} (unused tail bits set to 1): element {i} is {bool(got[i])}, "
+                          f"expected {bool(want[i])}.",
+                          [cause for cause, reading in _readings(packed, n).items() if same_values(got, reading)],
+                          "read element 8k + j from bit j of byte k, (byte >> j) & 1, for every k"))
+    _report(wrong)
+    packed = _reference_pack(_mask((17,), seed=250))  # 3 bytes, 24 bits
+    _refused(nb, packed.long(), 17, "an int64 tensor")
+    _refused(nb, packed.float(), 17, "a float tensor")
+    _refused(nb, packed[:2], 17, "2 bytes (16 bits) with numel=17")
+    _refused(nb, packed[:0], 1, "0 bytes with numel=1")
 
 
 # --- relu_1bit --------------------------------------------------------------------------------------
@@ -253,29 +406,53 @@ def _relu_reference(x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, tor
     return y.detach(), x.grad
 
 
+RELU_CASES = [((1,), torch.float32), ((7,), torch.float32), ((61,), torch.float64), ((1000,), torch.float32),
+              ((37, 53), torch.float32), ((2, 3, 5, 7), torch.float64), ((4, 16, 8, 8), torch.float32)]
+
+
+def _relu_case(i: int, shape, dtype):
+    x = _relu_input(shape, dtype, seed=300 + i)
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(400 + i), dtype=dtype)
+    return x, g, f"relu_1bit on a {dtype} input of shape {shape}"
+
+
+def _relu_call(nb, x, g, where: str, overwrite: bool = False, y_ref: torch.Tensor | None = None) -> dict:
+    """One forward and backward in the student's process; with ``y_ref``, the output must equal it."""
+    got = fetch(nb.apply(probes.ch04_saved_run, nb.relu_1bit, x, g, overwrite=overwrite))
+    if got["y"] is None:
+        raise AssertionError(f"{where} did not return a tensor")
+    if y_ref is not None:
+        check_close(got["y"], y_ref, f"the output of {where}", "the forward value is torch.relu(x), in x's dtype",
+                    atol=0, rtol=0)
+    if not got["attached"]:
+        raise AssertionError(f"{where}: the output is not attached to the autograd graph; return "
+                             "YourFunction.apply(x)")
+    if got["dx"] is None:
+        raise AssertionError(f"{where}: no gradient reached x; backward must return the input gradient")
+    return got
+
+
 @hidden_test("test_relu_1bit")
 def check_relu_1bit(nb):
-    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
-    cases = [((1,), torch.float32), ((7,), torch.float32), ((61,), torch.float64), ((1000,), torch.float32),
-             ((37, 53), torch.float32), ((2, 3, 5, 7), torch.float64), ((4, 16, 8, 8), torch.float32)]
-    for i, (shape, dtype) in enumerate(cases):
-        x = _relu_input(shape, dtype, seed=300 + i)
-        g = torch.randn(shape, generator=torch.Generator().manual_seed(400 + i), dtype=dtype)
-        n, where = x.numel(), f"relu_1bit on a {dtype} input of shape {shape}"
+    for i, (shape, dtype) in enumerate(RELU_CASES):
+        x, g, where = _relu_case(i, shape, dtype)
         y_ref, dx_ref = _relu_reference(x, g)
-        got = fetch(nb.apply(probes.ch04_saved_run, nb.relu_1bit, x, g))
-        if got["y"] is None:
-            raise AssertionError(f"{where} did not return a tensor")
-        check_close(got["y"], y_ref, f"the output of {where}", "the forward value is torch.relu(x)", atol=0, rtol=0)
-        if not got["attached"]:
-            raise AssertionError(f"{where}: the output is not attached to the autograd graph; return "
-                                 "YourFunction.apply(x)")
-        if got["dx"] is None:
-            raise AssertionError(f"{where}: no gradient reached x; backward must return the input gradient")
-        zero_only = not bool(((got["dx"] != dx_ref) & (x != 0)).any())
-        check_close(got["dx"], dx_ref, f"the gradient of {where}",
-                    "torch.relu's gradient is grad * (x > 0): 0 where x == 0, so the mask is x > 0, not x >= 0"
-                    if zero_only else "the gradient is grad where x > 0 and 0 elsewhere", atol=0, rtol=0)
+        got = _relu_call(nb, x, g, where, y_ref=y_ref)
+        dx = got["dx"]
+        if isinstance(dx, torch.Tensor) and dx.shape == x.shape and not bool(((dx != dx_ref) & (x != 0)).any()):
+            hint = "torch.relu's gradient is grad * (x > 0): 0 where x == 0, so the mask is x > 0, not x >= 0"
+        else:
+            hint = "the gradient is grad where x > 0 and 0 elsewhere"
+        check_close(dx, dx_ref, f"the gradient of {where}", hint, atol=0, rtol=0)
+
+
+@hidden_test("test_relu_1bit_memory")
+def check_relu_1bit_memory(nb):
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
+    for i, (shape, dtype) in enumerate(RELU_CASES):
+        x, g, where = _relu_case(i, shape, dtype)
+        n = x.numel()
+        got = _relu_call(nb, x, g, where)
         floating = [s for s in got["saved"] if s["floating"]]
         if floating or got["activation_bytes"] != math.ceil(n / 8):
             kept = ", ".join(f"{s['dtype']} {tuple(s['shape'])} ({s['nbytes']:,} B)" for s in got["saved"]) or "nothing"
@@ -285,10 +462,14 @@ def check_relu_1bit(nb):
             raise AssertionError(f"{where} saved {got['activation_bytes']:,} bytes for backward ({kept}); the "
                                  f"packed mask of {n} elements is exactly {math.ceil(n / 8)} bytes, torch.relu keeps "
                                  f"{n * x.element_size():,}. {BYTES_HINT}.{extra}")
-        again = fetch(nb.apply(probes.ch04_saved_run, nb.relu_1bit, x, g, overwrite=True))
-        check_close(again["dx"], dx_ref, f"the gradient of {where} when x and the output are overwritten between "
-                    "forward and backward", "backward must use only the packed mask saved for it, not x or the "
-                    "output kept some other way (a ctx attribute)", atol=0, rtol=0)
+        # Backward may use only what it saved: overwriting x and the output must not change the gradient
+        # (compared with your own gradient, right or wrong: the values cell grades that).
+        again = _relu_call(nb, x, g, where + " with x and the output overwritten between forward and backward",
+                           overwrite=True)
+        check_close(again["dx"], got["dx"], f"the gradient of {where} when x and the output are overwritten between "
+                    "forward and backward (compared with your gradient without the overwrite)",
+                    "backward must use only the packed mask saved for it, not x or the output kept some other way "
+                    "(a ctx attribute)", atol=0, rtol=0)
     _check_relu_memory(nb, meter)
 
 
