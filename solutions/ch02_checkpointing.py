@@ -170,15 +170,16 @@ def checkpoint(function, *args):
         the parameters are exactly those of plain ``function(*args)``.
 
     Graded on: float32 modules: an MLP 37 → 53 → 29 → 11 (Linear, ReLU, Linear, Tanh, Linear) on inputs
-    (7, 37) and (2, 5, 37), with dropout (p = 0.5, training mode), with an input that needs no gradient
-    (it gets none, the parameters still get theirs), and ``nn.Bilinear(13, 17, 5)`` called with two inputs
-    of which only the second requires grad. The output and every gradient are compared with plain
-    autograd. The forward call runs ``function`` exactly once (its FLOPs are those of plain
-    ``function(*args)``) and backward runs it once more, whole; the tensors saved during the forward call
-    may total no more than the bytes of the tensor arguments. Memory is also read from outside your
-    process, for six ``nn.Linear(768, 768)`` + ReLU layers on a (512, 768) input: between forward and
-    backward, with the input and the output released, the process may hold at most twice the input's bytes
-    more than before, and nothing may be kept from one call to the next. Code that names
+    (7, 37) and (2, 5, 37); the same with dropout (p = 0.5, training mode); an input that needs no
+    gradient (it gets none, the parameters still get theirs), and ``nn.Bilinear(13, 17, 5)`` called with
+    two inputs of which only the second requires grad. The output and every gradient must equal plain
+    autograd's bit for bit (the recomputation runs the same kernels on the same inputs). On all of these,
+    the forward call runs ``function`` exactly once (its FLOPs are those of plain ``function(*args)``) and
+    backward runs it once more, whole; the tensors saved during the forward call may total no more than
+    the bytes of the tensor arguments. Memory is also read from outside your process, for six
+    ``nn.Linear(768, 768)`` + ReLU layers on a (512, 768) input: between forward and backward, with the
+    input and the output released, the process may hold at most twice the input's bytes more than
+    before, and nothing may be kept from one call to the next. Code that names
     ``torch.utils.checkpoint`` is refused before it runs. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
@@ -212,42 +213,88 @@ def checkpoint(function, *args):
     ### END SOLUTION
 
 
-# %% test="test_checkpoint" points=5
-from coursekit import saved_tensors
-
+# %% test="test_checkpoint" points=2
 torch.manual_seed(0)
-net = nn.Sequential(nn.Linear(6, 9), nn.ReLU(), nn.Dropout(0.5), nn.Linear(9, 4))
+net = nn.Sequential(nn.Linear(6, 9), nn.ReLU(), nn.Linear(9, 4))
 x = torch.randn(5, 6, requires_grad=True)
-torch.manual_seed(1)
 ref = net(x)
 ref.square().sum().backward()
 ref_grads = [p.grad.clone() for p in net.parameters()]
 ref_dx, x.grad = x.grad.clone(), None
 net.zero_grad()
 
-torch.manual_seed(1)
 out = checkpoint(net, x)
-torch.testing.assert_close(out, ref, msg="the output must be exactly function(*args)")
+assert torch.equal(out, ref), "the output must be exactly function(*args)"
 out.square().sum().backward()
-torch.testing.assert_close(x.grad, ref_dx, msg="the input gradient differs: is the dropout mask replayed "
-                                                 "(save and restore torch.get_rng_state())?")
+# The recomputation runs the same kernels on the same inputs: equal bit for bit, no tolerance.
+assert torch.equal(x.grad, ref_dx), "the input gradient differs from plain autograd's: in backward, run function " \
+                                    "again on the saved input and back-propagate grad_output through that graph"
 for p, g in zip(net.parameters(), ref_grads):
-    torch.testing.assert_close(p.grad, g, msg="a parameter gradient differs from plain autograd")
-
-with saved_tensors(net) as saved:
-    checkpoint(net, x)
-assert saved.activation_bytes <= x.nelement() * 4, \
-    f"{saved.activation_bytes} bytes saved for backward: a checkpoint keeps only its input ({x.nelement() * 4} bytes)"
-
-net.zero_grad()
-data = torch.randn(5, 6)  # like a batch of data: no gradient needed
-y = checkpoint(net, data)
-assert y.requires_grad, "the parameters need gradients even if the input does not: pass them to apply()"
-y.sum().backward()
-assert all(p.grad is not None for p in net.parameters()), "every parameter must receive a gradient"
+    assert torch.equal(p.grad, g), "a parameter gradient differs from plain autograd's"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint", globals())
+### END HIDDEN TESTS
+
+# %% test="test_checkpoint_rng" points=1
+torch.manual_seed(0)
+dropout_net = nn.Sequential(nn.Linear(6, 9), nn.ReLU(), nn.Dropout(0.5), nn.Linear(9, 4))
+x.grad = None
+torch.manual_seed(1)
+ref = dropout_net(x)
+ref.square().sum().backward()
+ref_grads = [p.grad.clone() for p in dropout_net.parameters()]
+ref_dx, x.grad = x.grad.clone(), None
+dropout_net.zero_grad()
+
+torch.manual_seed(1)
+out = checkpoint(dropout_net, x)
+assert torch.equal(out, ref), "with dropout too, the output must be exactly function(*args)"
+out.square().sum().backward()
+assert torch.equal(x.grad, ref_dx), "with dropout the input gradient differs: is the dropout mask replayed " \
+                                    "(save and restore torch.get_rng_state())?"
+for p, g in zip(dropout_net.parameters(), ref_grads):
+    assert torch.equal(p.grad, g), "with dropout a parameter gradient differs: is the dropout mask replayed?"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_rng", globals())
+### END HIDDEN TESTS
+
+# %% test="test_checkpoint_edge_cases" points=1
+data = torch.randn(5, 6)  # like a batch of data: no gradient needed
+net.zero_grad()
+net(data).sum().backward()
+ref_grads = [p.grad.clone() for p in net.parameters()]
+net.zero_grad()
+
+y = checkpoint(net, data)
+assert y.requires_grad, "the parameters need gradients even if the input does not: pass them to apply()"
+y.sum().backward()
+assert data.grad is None, "the input does not require grad: it gets no gradient"
+for p, g in zip(net.parameters(), ref_grads):
+    assert p.grad is not None, "every parameter must receive a gradient, even when the input needs none"
+    assert torch.equal(p.grad, g), "a parameter gradient differs from plain autograd's when the input needs none"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_edge_cases", globals())
+### END HIDDEN TESTS
+
+# %% test="test_checkpoint_memory" points=1
+from coursekit import saved_tensors
+
+runs = []
+hook = net.register_forward_hook(lambda *_: runs.append(1))  # counts the calls of function
+with saved_tensors(net) as saved:
+    out = checkpoint(net, x)
+assert saved.activation_bytes <= x.nelement() * 4, \
+    f"{saved.activation_bytes} bytes saved for backward: a checkpoint keeps only its input ({x.nelement() * 4} bytes)"
+assert len(runs) == 1, f"function ran {len(runs)} times during the forward pass: run it exactly once"
+out.sum().backward()
+hook.remove()
+assert len(runs) == 2, f"function ran {len(runs) - 1} times during backward: recompute it exactly once"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_memory", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -323,11 +370,11 @@ def checkpoint_uniform(layers, x, segments):
     Graded on: an ``nn.Sequential`` of 10 layers (Linears of distinct widths, a ReLU and a Tanh among
     them, so some chunks have no parameters) on a float32 (6, 5) input, k = 1, 3, 4, 6 and 10, and k = 3
     with an input that needs no gradient. The output and the gradients of the input and the parameters
-    must match plain autograd; the forward pass calls each layer once, in order; the chunks are read from
-    the layers that run again during backward (each chunk as one run of consecutive layers, the last
-    chunk first); the tensors saved during the forward pass may total no more than the bytes of the k
-    chunk inputs. k = 0 and k = 11 must raise ``ValueError``. Code that names ``torch.utils.checkpoint``
-    is refused before it runs. Each graded cell may use 60 s and 4 GiB.
+    must equal plain autograd's bit for bit; the forward pass calls each layer once, in order; the chunks
+    are read from the layers that run again during backward (each chunk as one run of consecutive layers,
+    the last chunk first); the tensors saved during the forward pass may total no more than the bytes of
+    the k chunk inputs. k = 0, 11, -1 and 2.5 must raise ``ValueError``. Code that names
+    ``torch.utils.checkpoint`` is refused before it runs. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     layers = list(layers)
@@ -344,29 +391,37 @@ def checkpoint_uniform(layers, x, segments):
     ### END SOLUTION
 
 
-# %% test="test_checkpoint_uniform" points=3
+# %% test="test_checkpoint_uniform" points=2
 from coursekit import saved_tensors
 
 torch.manual_seed(0)
 chain = [nn.Linear(3 + i, 4 + i) for i in range(10)]  # distinct widths: each layer input has its own size
 x = torch.randn(2, 3, requires_grad=True)
 out = checkpoint_uniform(chain, x, 4)
-torch.testing.assert_close(out, nn.Sequential(*chain)(x), msg="the output must equal running the layers in order")
+assert torch.equal(out, nn.Sequential(*chain)(x)), "the output must equal running the layers in order"
 with saved_tensors(*chain) as saved:
     checkpoint_uniform(chain, x, 4)
 stored = sorted(s.shape[1] for s in saved.tensors if not s.is_state)
 assert stored == [3, 6, 9, 11], f"stored inputs of widths {stored}: 10 layers in 4 chunks of 3, 3, 2, 2 store " \
                                  "the inputs of layers 0, 3, 6 and 8 (widths 3, 6, 9, 11)"
-for bad in (0, 11):
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_uniform", globals())
+### END HIDDEN TESTS
+
+# %% test="test_checkpoint_uniform_edge_cases" points=1
+for bad in (0, 11, 2.5):
     try:
         checkpoint_uniform(chain, x, bad)
     except ValueError:
         pass
     else:
-        raise AssertionError(f"segments={bad} with 10 layers should raise ValueError")
+        raise AssertionError(f"segments={bad} with 10 layers should raise ValueError: k is an int in 1..n")
+y = checkpoint_uniform(chain, torch.randn(2, 3), 3)  # an input that needs no gradient; the weights do
+assert y.requires_grad, "the layers' parameters need gradients even if the input does not (see checkpoint)"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
-from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_uniform", globals())
+from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_uniform_edge_cases", globals())
 ### END HIDDEN TESTS
 
 # %% exercise="checkpoint_blocks"
@@ -382,11 +437,12 @@ def checkpoint_blocks(layers, x, block_size):
     Returns:
         The output of the last layer; each chunk runs as one ``checkpoint(...)`` call.
 
-    Graded on: the 10-layer chain and the checks of ``checkpoint_uniform`` (output and gradients against
-    plain autograd, each layer called once in the forward pass, the chunks read from what runs again
-    during backward, saved bytes at most those of the chunk inputs) with b = 1, 3, 4, 6, 10 and 15, and
-    b = 4 with an input that needs no gradient; b = 0 must raise ``ValueError``. Code that names
-    ``torch.utils.checkpoint`` is refused before it runs. Each graded cell may use 60 s and 4 GiB.
+    Graded on: the 10-layer chain and the checks of ``checkpoint_uniform`` (output and gradients equal to
+    plain autograd's bit for bit, each layer called once in the forward pass, the chunks read from what
+    runs again during backward, saved bytes at most those of the chunk inputs) with b = 1, 3, 4, 6, 10 and
+    15, and b = 4 with an input that needs no gradient; b = 0, -2 and 2.5 must raise ``ValueError``.
+    Code that names ``torch.utils.checkpoint`` is refused before it runs. Each graded cell may use
+    60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     layers = list(layers)
@@ -398,23 +454,35 @@ def checkpoint_blocks(layers, x, block_size):
     ### END SOLUTION
 
 
-# %% test="test_checkpoint_blocks" points=3
+# %% test="test_checkpoint_blocks" points=2
 out = checkpoint_blocks(chain, x, 4)
-torch.testing.assert_close(out, nn.Sequential(*chain)(x), msg="the output must equal running the layers in order")
+assert torch.equal(out, nn.Sequential(*chain)(x)), "the output must equal running the layers in order"
 with saved_tensors(*chain) as saved:
     checkpoint_blocks(chain, x, 4)
 stored = sorted(s.shape[1] for s in saved.tensors if not s.is_state)
 assert stored == [3, 7, 11], f"stored inputs of widths {stored}: blocks of 4 over 10 layers store the inputs " \
                               "of layers 0, 4 and 8 (widths 3, 7, 11)"
-try:
-    checkpoint_blocks(chain, x, 0)
-except ValueError:
-    pass
-else:
-    raise AssertionError("block_size=0 should raise ValueError")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_blocks", globals())
+### END HIDDEN TESTS
+
+# %% test="test_checkpoint_blocks_edge_cases" points=1
+for bad in (0, -2, 2.5):
+    try:
+        checkpoint_blocks(chain, x, bad)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"block_size={bad} should raise ValueError: b is a positive int")
+with saved_tensors(*chain) as saved:
+    out = checkpoint_blocks(chain, x, 15)  # b >= n: one chunk of all 10 layers
+stored = sorted(s.shape[1] for s in saved.tensors if not s.is_state)
+assert stored == [3], f"stored inputs of widths {stored}: one block of all 10 layers stores only x (width 3)"
+assert torch.equal(out, nn.Sequential(*chain)(x)), "the output must equal running the layers in order"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_blocks_edge_cases", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -610,10 +678,10 @@ def plan_checkpoints(act_bytes, fwd_flops, budget_bytes):
     Raises:
         ValueError: if no plan fits in the budget (or the two lists differ in length).
 
-    Graded on: hand-made and random chains of 1 to 10 layers (budgets from too small to roomy),
-    and a 40-layer chain, which has 2^39 plans: enumerating them does not finish within a graded
-    cell's time limit, a dynamic program over segments takes well under a second. Each graded
-    cell may use 60 s and 4 GiB.
+    Graded on: hand-made and random chains of 1 to 10 layers (budgets from too small to roomy,
+    against the best of all plans), lists of different lengths, and a 40-layer chain, which has
+    2^39 plans: enumerating them does not finish within a graded cell's time limit, a dynamic
+    program over segments takes well under a second. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     n = len(act_bytes)
@@ -656,7 +724,7 @@ def plan_checkpoints(act_bytes, fwd_flops, budget_bytes):
     ### END SOLUTION
 
 
-# %% test="test_plan_checkpoints" points=5
+# %% test="test_plan_checkpoints" points=3
 import itertools
 
 
@@ -677,15 +745,43 @@ for budget in (19, 21, 22, 26, 29):
         f"budget {budget}: plan {plan} recomputes {plan_recompute(plan, fwd)}, " \
         f"the best plan {brute_force(act, fwd, budget)}"
 assert plan_checkpoints(act, fwd, sum(act)) == list(range(8)), "with room for every input, store them all: no recompute"
-try:
-    plan_checkpoints(act, fwd, 18)
-except ValueError:
-    pass
-else:
-    raise AssertionError("no plan fits in 18 bytes here (the leanest needs 19): raise ValueError")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_plan_checkpoints", globals())
+### END HIDDEN TESTS
+
+# %% test="test_plan_checkpoints_edge_cases" points=1
+assert plan_checkpoints([7], [3], 7) == [0], "one layer: the plan is [0], its input stored, nothing recomputed"
+for args, why in (((act, fwd, 18), "no plan fits in 18 bytes here (the leanest needs 19)"),
+                  (([7], [3], 6), "one layer whose input alone exceeds the budget"),
+                  (([4, 2, 3], [1, 1], 100), "lists of different lengths")):
+    try:
+        plan_checkpoints(*args)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError(f"{why}: raise ValueError")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_plan_checkpoints_edge_cases", globals())
+### END HIDDEN TESTS
+
+# %% test="test_plan_checkpoints_long_chain" points=1
+gen = torch.Generator().manual_seed(0)
+act_long = (4 * torch.randint(1, 4, (30,), generator=gen)).tolist()  # 30 layers: 2^29 plans, too many to try
+fwd_long = torch.randint(1, 4, (30,), generator=gen).tolist()
+budget = plan_memory(list(range(0, 30, 5)), act_long)  # what a checkpoint every 5 layers needs
+t0 = time.perf_counter()
+plan = plan_checkpoints(act_long, fwd_long, budget)
+print(f"30 layers planned in {time.perf_counter() - t0:.3f} s: {plan}")
+assert plan_memory(plan, act_long) <= budget, f"plan {plan} does not fit in the budget of {budget}"
+evenly = [list(range(0, 30, b)) for b in range(1, 31)]  # every block plan: the optimum is never worse
+best_even = min(plan_recompute(p, fwd_long) for p in evenly if plan_memory(p, act_long) <= budget)
+assert plan_recompute(plan, fwd_long) <= best_even, \
+    f"plan {plan} recomputes {plan_recompute(plan, fwd_long)}, a plan with evenly spaced checkpoints {best_even}"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_plan_checkpoints_long_chain", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]

@@ -1,24 +1,39 @@
 """The hidden tests of chapter 2 accept correct implementations and reject plausible wrong ones.
 
 The implementations here are written independently of solutions/ch02_checkpointing.py, so that a
-bug shared by the solution and its hidden tests cannot hide.
+bug shared by the solution and its hidden tests cannot hide. Each exercise is graded by property,
+one test cell each: a wrong implementation must fail the cell of the property it gets wrong and
+pass the others (partial credit). The last tests run the same checks through the sandbox
+(``grader.sandbox.judge.run_checks``), as the autograder does.
 """
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
 from torch import nn
 
 from grader.api import LocalNamespace, checks_for
+from grader.sandbox import judge
+from sandbox_checks import program, sandbox_tests
+from wrong_submissions_ch02 import WRONG
 
-CHECKS = checks_for("ch02_checkpointing")
-GRADE_IDS = ("test_checkpoint", "test_checkpoint_uniform", "test_checkpoint_blocks", "test_plan_checkpoints")
+CHAPTER = "ch02_checkpointing"
+CHECKS = checks_for(CHAPTER)
+CELLS = {
+    "checkpoint": ("test_checkpoint", "test_checkpoint_rng", "test_checkpoint_edge_cases", "test_checkpoint_memory"),
+    "checkpoint_uniform": ("test_checkpoint_uniform", "test_checkpoint_uniform_edge_cases"),
+    "checkpoint_blocks": ("test_checkpoint_blocks", "test_checkpoint_blocks_edge_cases"),
+    "plan_checkpoints": ("test_plan_checkpoints", "test_plan_checkpoints_edge_cases",
+                         "test_plan_checkpoints_long_chain"),
+}
+GRADE_IDS = tuple(gid for ids in CELLS.values() for gid in ids)
 
 
 # --- checkpoint: a family of implementations, correct with the defaults ----------------------------
-def make_checkpoint(replay_rng=True, pass_params=True, keep_graph=False, recompute=True):
+def make_checkpoint(replay_rng=True, pass_params=True, keep_graph=False, rng_after=False, recompute_twice=False):
     """autograd.grad-based checkpoint; each flag switches one ingredient off (or a pitfall on)."""
 
     def checkpoint(function, *args):
@@ -33,7 +48,8 @@ def make_checkpoint(replay_rng=True, pass_params=True, keep_graph=False, recompu
                 ctx.state = torch.get_rng_state()
                 ctx.save_for_backward(*inputs[:n])
                 out = function(*inputs[:n])
-                ctx.out = out if not recompute else None
+                if rng_after:  # the state after the draw: the recomputation draws another mask
+                    ctx.state = torch.get_rng_state()
                 return out
 
             @staticmethod
@@ -42,6 +58,10 @@ def make_checkpoint(replay_rng=True, pass_params=True, keep_graph=False, recompu
                 with torch.enable_grad(), torch.random.fork_rng(devices=[]):
                     if replay_rng:
                         torch.set_rng_state(ctx.state)
+                    if recompute_twice:  # a first pass "to get the shapes", then the real one
+                        function(*xs)
+                        if replay_rng:
+                            torch.set_rng_state(ctx.state)
                     out = function(*xs)
                 want = [x for x in xs if x.requires_grad] + params
                 got = iter(torch.autograd.grad(out, want, grad, allow_unused=True))
@@ -52,31 +72,40 @@ def make_checkpoint(replay_rng=True, pass_params=True, keep_graph=False, recompu
     return checkpoint
 
 
-def checkpoint_accumulating(function, *args):
-    """Also correct: the reentrant design (autograd.backward accumulates into the parameters), with a
-    dummy input that requires grad so the output is always attached."""
-    dummy = torch.ones(1, requires_grad=True)
+def make_accumulating(dummy=True):
+    """Also correct with ``dummy``: the reentrant design (autograd.backward accumulates into the parameters),
+    with a dummy input that requires grad so the output is always attached. Without it, the output of a
+    segment whose inputs need no gradient is detached and its parameters get nothing."""
 
-    class Fn(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, _dummy, *xs):
-            ctx.rng = torch.get_rng_state()
-            ctx.save_for_backward(*xs)
-            return function(*xs)
+    def checkpoint(function, *args):
+        lead = (torch.ones(1, requires_grad=True),) if dummy else ()
+        k = len(lead)
 
-        @staticmethod
-        def backward(ctx, grad):
-            xs = [x.detach().requires_grad_(x.requires_grad or ctx.needs_input_grad[i + 1])
-                  for i, x in enumerate(ctx.saved_tensors)]
-            state = torch.get_rng_state()
-            torch.set_rng_state(ctx.rng)
-            with torch.enable_grad():
-                out = function(*xs)
-            torch.set_rng_state(state)
-            torch.autograd.backward(out, grad)
-            return (None, *(x.grad if ctx.needs_input_grad[i + 1] else None for i, x in enumerate(xs)))
+        class Fn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *inputs):
+                ctx.rng = torch.get_rng_state()
+                ctx.save_for_backward(*inputs[k:])
+                return function(*inputs[k:])
 
-    return Fn.apply(dummy, *args)
+            @staticmethod
+            def backward(ctx, grad):
+                xs = [x.detach().requires_grad_(ctx.needs_input_grad[i + k]) for i, x in enumerate(ctx.saved_tensors)]
+                state = torch.get_rng_state()
+                torch.set_rng_state(ctx.rng)
+                with torch.enable_grad():
+                    out = function(*xs)
+                torch.set_rng_state(state)
+                torch.autograd.backward(out, grad)
+                return (*(None for _ in lead), *(x.grad if ctx.needs_input_grad[i + k] else None
+                                                 for i, x in enumerate(xs)))
+
+        return Fn.apply(*lead, *args)
+
+    return checkpoint
+
+
+checkpoint_accumulating = make_accumulating()
 
 
 def make_chunked(split, checkpoint_last=True, ckpt=None):
@@ -109,21 +138,21 @@ def split_blocks(n, b):
 
 
 def split_uniform_ceil(n, k):  # chunks of ceil(n / k): 10 in 4 -> 3, 3, 3, 1
-    if not 1 <= k <= n:
+    if not isinstance(k, int) or not 1 <= k <= n:
         raise ValueError("bad k")
     size = -(-n // k)
     return [(s, min(s + size, n)) for s in range(0, n, size)]
 
 
 def split_uniform_rest_last(n, k):  # 10 in 4 -> 2, 2, 2, 4
-    if not 1 <= k <= n:
+    if not isinstance(k, int) or not 1 <= k <= n:
         raise ValueError("bad k")
     size = n // k
     return [(i * size, (i + 1) * size if i < k - 1 else n) for i in range(k)]
 
 
 def split_uniform_short_first(n, k):  # 10 in 4 -> 2, 2, 3, 3
-    if not 1 <= k <= n:
+    if not isinstance(k, int) or not 1 <= k <= n:
         raise ValueError("bad k")
     sizes = [n // k + (i >= k - n % k) for i in range(k)]
     bounds = list(itertools.accumulate([0] + sizes))
@@ -134,18 +163,50 @@ def split_uniform_no_check(n, k):  # clamps k into 1..n instead of refusing it
     return split_uniform(n, min(max(k, 1), n))
 
 
+def split_uniform_range_only(n, k):  # checks the range, not the type: 2.5 gets through and fails later
+    if not 1 <= k <= n:
+        raise ValueError("bad k")
+    sizes = [n // k + (i < n % k) for i in range(k)]
+    bounds = list(itertools.accumulate([0] + sizes))
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
 def split_blocks_off_by_one(n, b):  # a checkpoint every b - 1 layers (b = 1 behaves)
+    if not isinstance(b, int) or b < 1:
+        raise ValueError("bad b")
     step = max(b - 1, 1)
     return [(s, min(s + step, n)) for s in range(0, n, step)]
 
 
 def split_blocks_as_count(n, b):  # reads block_size as a number of chunks
+    if not isinstance(b, int) or b < 1:
+        raise ValueError("bad b")
     return split_uniform(n, min(b, n))
+
+
+def split_blocks_refuses_long(n, b):  # takes b > n for an error, like k > n in the uniform method
+    if not isinstance(b, int) or not 1 <= b <= n:
+        raise ValueError(f"block_size must be in 1..{n}")
+    return split_blocks(n, b)
+
+
+def split_blocks_zero_only(n, b):  # refuses 0 only: a negative b gives no chunk, 2.5 a TypeError
+    if b == 0:
+        raise ValueError("block_size must not be 0")
+    return [(s, min(s + b, n)) for s in range(0, n, b)]
 
 
 def plain_chunks(layers, x, arg):
     for layer in layers:
         x = layer(x)
+    return x
+
+
+def every_layer(layers, x, arg):
+    """A checkpoint around every layer: the chunks are ignored."""
+    split_uniform(len(list(layers)), arg)
+    for layer in layers:
+        x = make_checkpoint()(layer, x)
     return x
 
 
@@ -160,11 +221,17 @@ def recompute(plan, fwd):
     return sum(sum(fwd[a:b]) for a, b in zip(starts[:-1], starts[1:]) if b - a > 1)
 
 
-def plan_exhaustive_dp(act, fwd, budget, last_layer_free=False):
+def plan_exhaustive_dp(act, fwd, budget, last_layer_free=False, check_lengths=True, pareto=True, every_peak=True):
     """Correct: for each peak, a forward DP over "the next segment starts at i", keeping for every
     stored-bytes total only the cheapest prefix plan, then dropping dominated totals.
-    ``last_layer_free`` charges a segment all its layers but the last (a wrong cost model)."""
-    n = len(act)
+    ``last_layer_free`` charges a segment all its layers but the last (a wrong cost model);
+    without ``check_lengths`` lists of different lengths are cut to the shorter one; without
+    ``pareto`` only the cheapest prefix plan is kept, whatever it stores; without ``every_peak`` the search
+    stops at the smallest peak for which a plan fits."""
+    if check_lengths and len(act) != len(fwd):
+        raise ValueError("one activation size and one cost per layer")
+    n = min(len(act), len(fwd))
+    act, fwd = act[:n], fwd[:n]
     best = None
     for peak in sorted({sum(act[i + 1:j + 1]) for i in range(n) for j in range(i, n)}):
         if peak > budget:
@@ -176,6 +243,8 @@ def plan_exhaustive_dp(act, fwd, budget, last_layer_free=False):
             for stored in sorted(reach[i]):
                 if low is None or reach[i][stored][0] < low:
                     front[stored], low = reach[i][stored], reach[i][stored][0]
+            if not pareto and front:
+                front = dict([min(front.items(), key=lambda item: item[1][0])])
             for stored, (cost, plan) in front.items():
                 inner = 0
                 for j in range(i, n):  # segment i..j
@@ -189,6 +258,8 @@ def plan_exhaustive_dp(act, fwd, budget, last_layer_free=False):
         for cost, plan in reach[n].values():
             if best is None or cost < best[0]:
                 best = (cost, plan)
+        if best is not None and not every_peak:
+            break
     if best is None:
         raise ValueError("nothing fits")
     return best[1]
@@ -200,8 +271,27 @@ def plan_last_layer_free(act, fwd, budget):
     return plan_exhaustive_dp(act, fwd, budget, last_layer_free=True)
 
 
+def plan_cheapest_prefix(act, fwd, budget):
+    """A DP that keeps, for each start, only the cheapest plan so far: a cheap prefix that stores much
+    can leave no room for the rest."""
+    return plan_exhaustive_dp(act, fwd, budget, pareto=False)
+
+
+def plan_first_peak(act, fwd, budget):
+    """Stops at the first peak (the largest segment allowed) for which a plan fits: longer segments, with
+    fewer stored inputs, might recompute less."""
+    return plan_exhaustive_dp(act, fwd, budget, every_peak=False)
+
+
+def plan_zip_lengths(act, fwd, budget):
+    """Never compares the lengths: lists of different lengths are cut to the shorter one."""
+    return plan_exhaustive_dp(act, fwd, budget, check_lengths=False)
+
+
 def plan_greedy(act, fwd, budget):
     """Start from every input stored; drop the checkpoint that adds the least recompute until it fits."""
+    if len(act) != len(fwd):
+        raise ValueError("one activation size and one cost per layer")
     plan = list(range(len(act)))
     while memory(plan, act) > budget:
         if len(plan) == 1:
@@ -213,6 +303,8 @@ def plan_greedy(act, fwd, budget):
 
 def plan_best_uniform(act, fwd, budget):
     """Only tries uniform plans."""
+    if len(act) != len(fwd):
+        raise ValueError("one activation size and one cost per layer")
     n = len(act)
     fits = [[a for a, _ in split_uniform(n, k)] for k in range(1, n + 1)]
     fits = [p for p in fits if memory(p, act) <= budget]
@@ -242,11 +334,52 @@ def plan_without_peak(act, fwd, budget):
     return min(fits, key=lambda p: recompute(p, fwd))
 
 
+# Right on every chain it finishes, but it tries all 2^(n-1) plans: the 40-layer chain never ends.
+ENUMERATING_PLANNER = '''
+import itertools
+
+def plan_checkpoints(act_bytes, fwd_flops, budget_bytes):
+    """Tries every plan."""
+    n = len(act_bytes)
+    if n == 0 or len(fwd_flops) != n:
+        raise ValueError("one size and one cost per layer")
+    best = None
+    for r in range(n):
+        for rest in itertools.combinations(range(1, n), r):
+            plan = [0, *rest]
+            if plan_memory(plan, act_bytes) <= budget_bytes:
+                cost = plan_recompute(plan, fwd_flops)
+                if best is None or cost < best[0]:
+                    best = (cost, plan)
+    if best is None:
+        raise ValueError("no plan fits")
+    return best[1]
+'''
+
+
+def _enumerating_planner():
+    ns = {"plan_memory": memory, "plan_recompute": recompute}
+    exec(ENUMERATING_PLANNER, ns)  # noqa: S102 - the test's own source
+    return ns["plan_checkpoints"]
+
+
 def namespace(**overrides) -> LocalNamespace:
     ns = {"checkpoint": make_checkpoint(), "checkpoint_uniform": make_chunked(split_uniform),
           "checkpoint_blocks": make_chunked(split_blocks), "plan_checkpoints": plan_exhaustive_dp}
     ns.update(overrides)
     return LocalNamespace(ns)
+
+
+def run_cells(exercise: str, ns: LocalNamespace) -> dict[str, str | None]:
+    """grade_id -> None if the cell passes, else its failure message."""
+    outcome = {}
+    for gid in CELLS[exercise]:
+        try:
+            CHECKS[gid](ns)
+            outcome[gid] = None
+        except AssertionError as e:
+            outcome[gid] = str(e)
+    return outcome
 
 
 # --- tests -----------------------------------------------------------------------------------------
@@ -264,56 +397,116 @@ def test_other_correct_implementations_pass():
     ns = namespace(checkpoint=checkpoint_accumulating,
                    checkpoint_uniform=make_chunked(split_uniform, ckpt=checkpoint_accumulating),
                    checkpoint_blocks=make_chunked(split_blocks, ckpt=checkpoint_accumulating))
-    for grade_id in GRADE_IDS[:3]:
+    for grade_id in GRADE_IDS:
+        if not grade_id.startswith("test_plan"):
+            CHECKS[grade_id](ns)
+
+
+# Partial credit: each wrong implementation fails the cells of the properties it gets wrong, the first
+# with a hint that names its mistake, and passes every other cell of its exercise.
+PARTIAL = [
+    # checkpoint
+    ("checkpoint", make_checkpoint(replay_rng=False), ["test_checkpoint_rng"], "torch.get_rng_state"),
+    ("checkpoint", make_checkpoint(rng_after=True), ["test_checkpoint_rng"], "before calling function"),
+    ("checkpoint", make_accumulating(dummy=False), ["test_checkpoint_edge_cases"], "parameters of function still do"),
+    ("checkpoint", make_checkpoint(keep_graph=True), ["test_checkpoint_memory"], "keeps only its inputs"),
+    ("checkpoint", make_checkpoint(recompute_twice=True), ["test_checkpoint_memory"], "once in backward"),
+    # checkpoint_uniform
+    ("checkpoint_uniform", make_chunked(split_uniform_ceil), ["test_checkpoint_uniform"], "first n % k chunks"),
+    ("checkpoint_uniform", make_chunked(split_uniform_rest_last), ["test_checkpoint_uniform"], "first n % k chunks"),
+    ("checkpoint_uniform", make_chunked(split_uniform_short_first), ["test_checkpoint_uniform"], "first n % k chunks"),
+    ("checkpoint_uniform", make_chunked(split_uniform, checkpoint_last=False), ["test_checkpoint_uniform"],
+     r"The chunks \[8–9\] were not recomputed: every chunk, the last one included"),
+    ("checkpoint_uniform", every_layer, ["test_checkpoint_uniform"],
+     "one at a time, each as a chunk of its own. n layers in k chunks"),
+    ("checkpoint_uniform", make_chunked(split_uniform_no_check), ["test_checkpoint_uniform_edge_cases"],
+     "returned a result: a number of segments outside 1..n raises ValueError"),
+    ("checkpoint_uniform", make_chunked(split_uniform_range_only), ["test_checkpoint_uniform_edge_cases"],
+     r"2.5\) raised TypeError: a number of segments that is not an int"),
+    ("checkpoint_uniform", make_chunked(split_uniform, ckpt=make_accumulating(dummy=False)),
+     ["test_checkpoint_uniform_edge_cases"], "parameters of function still do"),
+    # checkpoint_blocks
+    ("checkpoint_blocks", make_chunked(split_blocks_off_by_one), ["test_checkpoint_blocks"], r"\[0, b\), \[b, 2b\)"),
+    ("checkpoint_blocks", make_chunked(split_blocks_as_count),
+     ["test_checkpoint_blocks", "test_checkpoint_blocks_edge_cases"], r"\[0, b\), \[b, 2b\)"),
+    ("checkpoint_blocks", make_chunked(split_blocks, checkpoint_last=False),  # b = 15: the one chunk is the last
+     ["test_checkpoint_blocks", "test_checkpoint_blocks_edge_cases"], "the last one included"),
+    ("checkpoint_blocks", make_chunked(split_blocks_refuses_long), ["test_checkpoint_blocks_edge_cases"],
+     "raised ValueError.*b >= n is valid"),
+    ("checkpoint_blocks", make_chunked(split_blocks_zero_only), ["test_checkpoint_blocks_edge_cases"],
+     r"-2\) returned a result: a block size below 1"),
+    ("checkpoint_blocks", make_chunked(split_blocks, ckpt=make_accumulating(dummy=False)),
+     ["test_checkpoint_blocks_edge_cases"], "parameters of function still do"),
+    # plan_checkpoints (the enumerating planner fails only the long chain: in the sandbox, below)
+    ("plan_checkpoints", plan_greedy, ["test_plan_checkpoints", "test_plan_checkpoints_long_chain"],
+     "your search reaches every plan"),
+    ("plan_checkpoints", plan_cheapest_prefix, ["test_plan_checkpoints", "test_plan_checkpoints_long_chain"],
+     "your search reaches every plan"),
+    ("plan_checkpoints", plan_first_peak, ["test_plan_checkpoints", "test_plan_checkpoints_long_chain"],
+     r"returned \[0, 4, 8\], which fits .* locally best \(greedy\) or evenly spaced choices can miss it"),
+    ("plan_checkpoints", plan_best_uniform, ["test_plan_checkpoints", "test_plan_checkpoints_long_chain"],
+     "your search reaches every plan"),
+    ("plan_checkpoints", plan_last_layer_free, ["test_plan_checkpoints", "test_plan_checkpoints_long_chain"],
+     "its last one included"),
+    ("plan_checkpoints", plan_never_raises, ["test_plan_checkpoints_edge_cases"], "no plan fits .*: raise ValueError"),
+    ("plan_checkpoints", plan_zip_lengths, ["test_plan_checkpoints_edge_cases"], "lists of different lengths"),
+]
+
+
+@pytest.mark.parametrize("exercise, wrong, failing, message", PARTIAL,
+                         ids=[f"{e}-{i}" for i, (e, *_rest) in enumerate(PARTIAL)])
+def test_wrong_fails_only_its_properties(exercise, wrong, failing, message):
+    outcome = run_cells(exercise, namespace(**{exercise: wrong}))
+    assert all(outcome[gid] is not None for gid in failing), {gid: outcome[gid] for gid in failing}
+    assert re.search(message, outcome[failing[0]]), outcome[failing[0]]
+    passed = [gid for gid in CELLS[exercise] if gid not in failing]
+    assert all(outcome[gid] is None for gid in passed), {gid: outcome[gid] for gid in passed}
+
+
+@pytest.mark.parametrize("exercise, wrong, grade_id, message", [
+    ("checkpoint", make_checkpoint(pass_params=False), "test_checkpoint", "received no gradient"),
+    ("checkpoint_uniform", plain_chunks, "test_checkpoint_uniform", "Nothing ran again during backward"),
+    ("checkpoint_uniform", make_chunked(split_uniform, ckpt=make_checkpoint(keep_graph=True)),
+     "test_checkpoint_uniform", "were none"),
+    ("checkpoint_blocks", make_chunked(split_blocks_as_count), "test_checkpoint_blocks", r"\[0, b\), \[b, 2b\)"),
+    ("checkpoint_blocks", make_chunked(split_blocks_as_count), "test_checkpoint_blocks_edge_cases",
+     "one at a time.*b >= n is valid"),
+    ("checkpoint_blocks", make_chunked(split_blocks, ckpt=make_checkpoint(pass_params=False)),
+     "test_checkpoint_blocks", "received no gradient"),
+    ("plan_checkpoints", plan_ignores_budget, "test_plan_checkpoints", "more than the budget"),
+    ("plan_checkpoints", plan_without_peak, "test_plan_checkpoints", "more than the budget"),
+])
+def test_wrong_fails_its_cell(exercise, wrong, grade_id, message):
+    with pytest.raises(AssertionError, match=message):
+        CHECKS[grade_id](namespace(**{exercise: wrong}))
+
+
+def test_values_are_compared_bit_for_bit(monkeypatch):
+    """A gradient off by one unit in the last place fails: the comparison has no tolerance."""
+    right = make_checkpoint()
+
+    def nudged(function, *args):
+        out = right(function, *args)
+        return out if not out.requires_grad else NudgeGrad.apply(out)
+
+    class NudgeGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, y):
+            return y.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return torch.nextafter(g, torch.full_like(g, float("inf")))  # the next float32 up
+
+    with pytest.raises(AssertionError, match="atol=0, rtol=0"):
+        CHECKS["test_checkpoint"](namespace(checkpoint=nudged))
+
+
+def test_the_brute_force_planner_is_right_on_short_chains():
+    """The enumerating planner loses only the long-chain cell (which times out, see the sandbox test)."""
+    ns = namespace(plan_checkpoints=_enumerating_planner())
+    for grade_id in ("test_plan_checkpoints", "test_plan_checkpoints_edge_cases"):
         CHECKS[grade_id](ns)
-
-
-@pytest.mark.parametrize("wrong, message", [
-    (make_checkpoint(replay_rng=False), "torch.get_rng_state"),
-    (make_checkpoint(keep_graph=True), "keeps only its inputs"),
-    (make_checkpoint(pass_params=False), "parameters of function still do"),
-])
-def test_checkpoint_rejects(wrong, message):
-    with pytest.raises(AssertionError, match=message):
-        CHECKS["test_checkpoint"](namespace(checkpoint=wrong))
-
-
-@pytest.mark.parametrize("wrong, message", [
-    (make_chunked(split_uniform_ceil), "first n % k chunks"),
-    (make_chunked(split_uniform_rest_last), "first n % k chunks"),
-    (make_chunked(split_uniform_short_first), "first n % k chunks"),
-    (make_chunked(split_uniform, checkpoint_last=False), "every chunk runs under checkpoint"),
-    (make_chunked(split_uniform_no_check), "ValueError"),
-    (plain_chunks, "chunks recomputed during backward were none"),
-    (make_chunked(split_uniform, ckpt=make_checkpoint(keep_graph=True)), "recomputed during backward were none"),
-])
-def test_checkpoint_uniform_rejects(wrong, message):
-    with pytest.raises(AssertionError, match=message):
-        CHECKS["test_checkpoint_uniform"](namespace(checkpoint_uniform=wrong))
-
-
-@pytest.mark.parametrize("wrong, message", [
-    (make_chunked(split_blocks_off_by_one), r"\[0, b\), \[b, 2b\)"),
-    (make_chunked(split_blocks_as_count), r"\[0, b\), \[b, 2b\)"),
-    (make_chunked(split_blocks, checkpoint_last=False), "every chunk runs under checkpoint"),
-    (make_chunked(split_blocks, ckpt=make_checkpoint(pass_params=False)), "parameters of function still do"),
-])
-def test_checkpoint_blocks_rejects(wrong, message):
-    with pytest.raises(AssertionError, match=message):
-        CHECKS["test_checkpoint_blocks"](namespace(checkpoint_blocks=wrong))
-
-
-@pytest.mark.parametrize("wrong, message", [
-    (plan_greedy, "greedy choice is not enough"),
-    (plan_last_layer_free, "greedy choice is not enough"),
-    (plan_best_uniform, "greedy choice is not enough"),
-    (plan_ignores_budget, "more than the budget"),
-    (plan_never_raises, "raise ValueError"),
-    (plan_without_peak, "more than the budget"),
-])
-def test_plan_checkpoints_rejects(wrong, message):
-    with pytest.raises(AssertionError, match=message):
-        CHECKS["test_plan_checkpoints"](namespace(plan_checkpoints=wrong))
 
 
 def test_pareto_reference_matches_brute_force():
@@ -329,3 +522,19 @@ def test_pareto_reference_matches_brute_force():
         fwd = [rng.randint(0, 9) for _ in range(n)]
         budget = rng.randint(max(act) - 3, sum(act) + 2)
         assert _pareto_optimum(act, fwd, budget) == _brute_force(act, fwd, budget), (act, fwd, budget)
+
+
+# --- the same checks through the sandbox, as at autograde ------------------------------------------
+test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(
+    CHAPTER, WRONG, {"checkpoint": "test_checkpoint_rng"})
+
+
+def test_sandbox_enumerating_planner_times_out_on_the_long_chain_only():
+    """Partial credit at autograde: a planner that tries every plan keeps the points of the short chains."""
+    limits = judge.Limits(wall_seconds=20.0, memory_bytes=4 * 1024**3, output_bytes=64 * 1024)
+    outcomes = judge.run_checks(CHAPTER, program(CHAPTER, {"plan_checkpoints": ENUMERATING_PLANNER}),
+                                list(CELLS["plan_checkpoints"]), limits)
+    assert outcomes["test_plan_checkpoints"].passed, outcomes["test_plan_checkpoints"].reason
+    assert outcomes["test_plan_checkpoints_edge_cases"].passed, outcomes["test_plan_checkpoints_edge_cases"].reason
+    long_chain = outcomes["test_plan_checkpoints_long_chain"]
+    assert not long_chain.passed and long_chain.reason

@@ -1,4 +1,5 @@
-"""Plausible wrong answers for chapter 2, one per exercise: each must lose points when autograded."""
+"""Plausible wrong answers for chapter 2, one per exercise: each must lose points when autograded, in the
+cells of the properties it gets wrong only (named in each docstring)."""
 
 WRONG = {
     ("ch02_checkpointing", "checkpoint"): '''
@@ -6,7 +7,7 @@ import torch
 from torch import nn
 
 def checkpoint(function, *args):
-    """Wrong: recomputes without replaying the RNG state, so dropout masks differ."""
+    """Wrong: recomputes without replaying the RNG state, so dropout masks differ (test_checkpoint_rng)."""
     params = tuple(p for p in function.parameters() if p.requires_grad) if isinstance(function, nn.Module) else ()
     n = len(args)
 
@@ -31,9 +32,9 @@ import math
 from torch import nn
 
 def checkpoint_uniform(layers, x, segments):
-    """Wrong: chunks of ceil(n / k) layers (10 in 4 gives 3, 3, 3, 1)."""
+    """Wrong: chunks of ceil(n / k) layers, 10 in 4 gives 3, 3, 3, 1 (test_checkpoint_uniform)."""
     layers = list(layers)
-    if not 1 <= segments <= len(layers):
+    if not isinstance(segments, int) or not 1 <= segments <= len(layers):
         raise ValueError(f"bad number of segments {segments}")
     size = math.ceil(len(layers) / segments)
     for start in range(0, len(layers), size):
@@ -44,7 +45,7 @@ def checkpoint_uniform(layers, x, segments):
 from torch import nn
 
 def checkpoint_blocks(layers, x, block_size):
-    """Wrong: the last block runs without checkpoint."""
+    """Wrong: the last block runs without checkpoint (test_checkpoint_blocks, and b = 15 in its edge cases)."""
     layers = list(layers)
     if block_size < 1:
         raise ValueError(f"bad block size {block_size}")
@@ -57,7 +58,10 @@ def checkpoint_blocks(layers, x, block_size):
 ''',
     ("ch02_checkpointing", "plan_checkpoints"): '''
 def plan_checkpoints(act_bytes, fwd_flops, budget_bytes):
-    """Wrong: greedy, drops the checkpoint that adds the least recomputation until the plan fits."""
+    """Wrong: greedy, drops the checkpoint that adds the least recomputation until the plan fits
+    (test_plan_checkpoints and the long chain)."""
+    if len(act_bytes) != len(fwd_flops):
+        raise ValueError("one size and one cost per layer")
     plan = list(range(len(act_bytes)))
     while plan_memory(plan, act_bytes) > budget_bytes:
         if len(plan) == 1:

@@ -1,18 +1,36 @@
-"""Hidden tests of chapter 2 (activation checkpointing).
+"""Hidden tests of chapter 2 (activation checkpointing), one graded cell per property.
 
-Gradients are compared with plain autograd on a copy of the same module, run judge-side by the
-same trusted probe (``probes.ch02_run_and_trace``) with ``module(x)`` as the function. Memory is
-read from outside the student's process for ``checkpoint`` on a 6-layer MLP with 1.5 MiB
-activations (``grader.resources``); the saved bytes the probe measures in the student's process
-(an upper bound on small cases) explain failures and bound the chunked methods; what the
-segments are is read from *which layers run again during backward*, and in what order: each
-checkpointed chunk is recomputed as one run of consecutive layers, the last chunk first.
+checkpoint:
+- values (test_checkpoint): an MLP with awkward sizes, with and without leading batch dimensions;
+  the output and every gradient equal plain autograd's bit for bit (the recomputation runs the same
+  kernels on the same inputs).
+- rng: with dropout in training mode, the same comparison: the recomputation draws the same mask.
+- edge cases: an input that needs no gradient (the parameters still get theirs) and two inputs of
+  which only the second requires grad.
+- memory: read from outside the student's process (``grader.resources``) for a 6-layer MLP with
+  1.5 MiB activations; on every case above, the bytes saved during the forward call (measured in the
+  student's process: an upper bound, which also explains a failure), the forward FLOPs (function runs
+  once) and the layers that run again during backward (function runs once more, whole).
+
+checkpoint_uniform, checkpoint_blocks: the chunks are read from *which layers run again during
+backward*, and in what order: each checkpointed chunk is recomputed as one run of consecutive layers,
+the last chunk first. Values and gradients (bit for bit), the forward calls, the chunks and the saved
+bytes on the regular cases; the edge cases (an input that needs no gradient, a block size beyond the
+chain, the ValueErrors) in a cell of their own.
+
+plan_checkpoints: optimal plans where one fits (hand-made and random chains of up to 10 layers, against
+exhaustive search); the edge cases (one layer, budgets no plan fits, lists of different lengths); a
+40-layer chain, which only a dynamic program finishes within a graded cell's time.
+
+Gradients are compared with plain autograd on a copy of the same module, run judge-side by the same
+trusted probe (``probes.ch02_run_and_trace``) with ``module(x)`` as the function.
 """
 from __future__ import annotations
 
 import copy
 import itertools
 import random
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -30,18 +48,49 @@ SOURCE_POLICY = SourcePolicy(shortcuts=(
                      "torch.utils.checkpoint"),
 ))
 
-TOL = dict(atol=1e-6, rtol=1e-6)  # recomputation runs the same kernels: gradients match to the bit
+# Recomputation runs the same kernels on the same inputs (with the same dropout mask), so the output and
+# every gradient equal plain autograd's bit for bit: no tolerance.
+EXACT = dict(atol=0.0, rtol=0.0)
+
+OUTPUT_HINT = "the forward pass returns function(*args) itself, computed once from the inputs as given"
+VALUES_HINT = ("in backward, run function again on detached copies of the saved inputs under torch.enable_grad() "
+               "and back-propagate grad_output through that graph: the same kernels on the same inputs give plain "
+               "autograd's gradients bit for bit")
+RNG_OUTPUT_HINT = ("with dropout the output is function(*args) drawn from the random state as the caller left it: "
+                   "call function once in the forward pass and leave the random state alone before that call")
 RNG_HINT = ("with dropout the recomputed forward must draw the same mask as the first one: save "
             "torch.get_rng_state() before calling function and restore it before recomputing")
 PARAM_HINT = ("when no input requires a gradient, the parameters of function still do: pass them to "
               "your autograd.Function's apply() so that the output is attached to the graph, and give "
               "them their gradients")
+ATTACH_HINT = ("return what your autograd.Function's apply() returns: an output computed under torch.no_grad() "
+               "or detached has no grad_fn, so backward never reaches function")
+PARAM_GRAD_HINT = ("give every parameter of function that requires grad its gradient: return it from backward for "
+                   "the parameters you passed to apply(), or accumulate it with torch.autograd.backward on the "
+                   "recomputed output")
+INPUT_GRAD_HINT = ("return one gradient per input of apply(), in the order of the inputs: the gradient of each tensor "
+                   "argument that requires grad, None for the others")
+EDGE_HINT = ("whichever inputs require grad, each input that does and every parameter get exactly plain autograd's "
+             "gradient; the others get none")
 MEMORY_HINT = ("a checkpoint keeps only its inputs: run function without recording a graph "
                "(inside autograd.Function.forward, or under torch.no_grad()) and recompute it in backward")
+CHUNK_VALUES_HINT = ("run the layers in order, each exactly once per pass, each chunk through your checkpoint (whose "
+                     "gradients equal plain autograd's, test_checkpoint)")
+CHUNK_ATTACH_HINT = ("each chunk's output is what checkpoint(...) returns, attached to the graph (test_checkpoint): "
+                     "do not detach it, nor run the chunks under torch.no_grad()")
 SPLIT_HINT = ("n layers in k chunks: the first n % k chunks have n // k + 1 layers, the others n // k "
-              "(10 layers in 4 chunks: 3, 3, 2, 2), and every chunk runs under checkpoint")
-BLOCK_HINT = ("chunks are layers [0, b), [b, 2b), ...; the last one may be shorter, and every chunk runs "
-              "under checkpoint")
+              "(10 layers in 4 chunks: 3, 3, 2, 2)")
+BLOCK_HINT = "chunks are layers [0, b), [b, 2b), ...; the last one may be shorter"
+LONG_BLOCK_HINT = "a block size b >= n is valid: one chunk of all n layers, run under checkpoint"
+EVERY_CHUNK_HINT = "every chunk, the last one included, runs as one checkpoint(...) call"
+OPTIMUM_HINT = ("Fitting is not enough: the plan must recompute the least of all plans that fit, and locally best "
+                "(greedy) or evenly spaced choices can miss it. Compare every first segment [i, j] and keep, for "
+                "each start, the plans no other plan beats on both stored bytes and recomputation")
+COST_HINT = ("Your plan is the best one if a segment's last layer costs nothing to recompute, but Recompute(C) "
+             "charges every layer of a segment of two or more layers, its last one included (your checkpoint reruns "
+             "the whole segment), and nothing for a one-layer segment (plan_recompute in the setup cell)")
+FITS_HINT = ("Check your memory model (stored inputs + the largest segment's inner inputs, plan_memory in the setup "
+             "cell) and that your search reaches every plan")
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -63,13 +112,33 @@ def _run_plain_chain(module, x, *_):
     return module(x)
 
 
-def _reference(module, x, g, *extra, seed=0, x_requires_grad=True, fn=_plain) -> dict:
-    return probes.ch02_run_and_trace(fn, copy.deepcopy(module), x, g, *extra, seed=seed,
-                                     x_requires_grad=x_requires_grad)
+@contextmanager
+def _threads(n):
+    """torch's intra-op thread count set to ``n`` (1 to 64) for the block, then restored. A matrix product
+    split over two threads rounds differently from one on a single thread, so the reference runs on as
+    many threads as the student's call did (the sandbox worker: one). Judge code runs under the judge
+    lock, released only while waiting for a worker: no other check runs in between."""
+    n = n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 64 else 1
+    before = torch.get_num_threads()
+    if n != before:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def _reference(module, x, g, *extra, seed=0, x_requires_grad=True, fn=_plain, threads=None) -> dict:
+    """Plain autograd's run of ``module``, on the thread count of the student's run (``got["threads"]``)."""
+    with _threads(threads if threads is not None else torch.get_num_threads()):
+        return probes.ch02_run_and_trace(fn, copy.deepcopy(module), x, g, *extra, seed=seed,
+                                         x_requires_grad=x_requires_grad)
 
 
 def _student(nb, fn_name: str, module, x, g, *extra, seed=0, x_requires_grad=True) -> dict:
-    return fetch(nb.apply(probes.ch02_run_and_trace, nb[fn_name], module, x, g, *extra, seed=seed,
+    """The student's run on a copy of ``module`` (in-kernel, the reference must not see what it did)."""
+    return fetch(nb.apply(probes.ch02_run_and_trace, nb[fn_name], copy.deepcopy(module), x, g, *extra, seed=seed,
                           x_requires_grad=x_requires_grad))
 
 
@@ -77,29 +146,36 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.nelement() * t.element_size()
 
 
-def _compare(got: dict, ref: dict, where: str, hint: str) -> None:
+def _needs_grad(x_requires_grad: bool, extra) -> bool:
+    """Whether an input (not only a parameter) of the call requires grad."""
+    return x_requires_grad or any(isinstance(e, torch.Tensor) and e.requires_grad for e in extra)
+
+
+def _compare(got: dict, ref: dict, where: str, hint: str, output_hint: str = OUTPUT_HINT,
+             inputs_need_grad: bool = True, attach_hint: str = ATTACH_HINT) -> None:
+    """Output and every gradient against plain autograd's, bit for bit."""
     if not got["attached"]:
         raise AssertionError(f"{where}: the output is not attached to the autograd graph, so nothing can "
-                             f"receive a gradient. {PARAM_HINT}")
-    check_close(got["y"], ref["y"], f"the output {where}", "the output must be exactly function(*args)", **TOL)
+                             f"receive a gradient. {attach_hint if inputs_need_grad else PARAM_HINT}")
+    check_close(got["y"], ref["y"], f"the output {where}", output_hint, **EXACT)
     if ref["dx"] is None and got["dx"] is not None:
         raise AssertionError(f"{where}: the input does not require grad, yet it received a gradient")
     if ref["dx"] is not None:
         if got["dx"] is None:
-            raise AssertionError(f"{where}: no gradient reached the input; return the gradients of the "
-                                 "inputs from your backward")
-        check_close(got["dx"], ref["dx"], f"the input gradient {where}", hint, **TOL)
+            raise AssertionError(f"{where}: no gradient reached the input. {INPUT_GRAD_HINT}")
+        check_close(got["dx"], ref["dx"], f"the input gradient {where}", hint, **EXACT)
     for i, (a, b) in enumerate(zip(got["extra_grads"], ref["extra_grads"])):
         if b is not None:
             if a is None:
-                raise AssertionError(f"{where}: no gradient reached argument {i + 2} of function")
-            check_close(a, b, f"the gradient of argument {i + 2} {where}", hint, **TOL)
+                raise AssertionError(f"{where}: no gradient reached argument {i + 2} of function. {INPUT_GRAD_HINT}")
+            check_close(a, b, f"the gradient of argument {i + 2} {where}", hint, **EXACT)
     for name, b in ref["grads"].items():
         a = got["grads"].get(name)
         if b is not None and a is None:
-            raise AssertionError(f"{where}: the parameter {name} received no gradient. {PARAM_HINT}")
+            raise AssertionError(f"{where}: the parameter {name} received no gradient. "
+                                 f"{PARAM_GRAD_HINT if inputs_need_grad else PARAM_HINT}")
         if b is not None:
-            check_close(a, b, f"the gradient of parameter {name} {where}", hint, **TOL)
+            check_close(a, b, f"the gradient of parameter {name} {where}", hint, **EXACT)
 
 
 # --- checkpoint -----------------------------------------------------------------------------------
@@ -112,11 +188,65 @@ def _mlp(seed: int, dropout: float | None = None) -> nn.Sequential:
     return _seeded(seed, build)
 
 
-def _check_segment(nb, module, x, g, *extra, seed=0, x_requires_grad=True, hint="", where="") -> dict:
-    ref = _reference(module, x, g, *extra, seed=seed, x_requires_grad=x_requires_grad)
-    got = _student(nb, "checkpoint", module, x, g, *extra, seed=seed, x_requires_grad=x_requires_grad)
-    _compare(got, ref, where, hint)
-    bound = _nbytes(x) + sum(_nbytes(e) for e in extra if isinstance(e, torch.Tensor))
+def _values_cases() -> list[dict]:
+    """Plain MLPs, the input requiring grad, awkward sizes and leading batch dimensions."""
+    return [dict(module=_mlp(1), x=_randn(7, 37, seed=2), g=_randn(7, 11, seed=3),
+                 where="for an MLP 37 → 53 → 29 → 11 on a batch of 7"),
+            dict(module=_mlp(4), x=_randn(2, 5, 37, seed=5), g=_randn(2, 5, 11, seed=6),
+                 where="for an input of shape (2, 5, 37)")]
+
+
+def _rng_cases() -> list[dict]:
+    """Dropout in training mode: the recomputation must replay the random state."""
+    return [dict(module=_mlp(seed, dropout=0.5), x=_randn(9, 37, seed=seed + 20), g=_randn(9, 11, seed=seed + 40),
+                 seed=seed, where=f"with dropout (p=0.5) in training mode (seed {seed})") for seed in (11, 12)]
+
+
+def _edge_cases() -> list[dict]:
+    """The input needs no gradient (a data batch), the parameters do; two inputs, only the second requiring grad."""
+    bil = _seeded(13, lambda: nn.Bilinear(13, 17, 5))
+    return [dict(module=_mlp(7), x=_randn(6, 37, seed=8), g=_randn(6, 11, seed=9), x_requires_grad=False,
+                 where="when the input does not require grad"),
+            dict(module=bil, x=_randn(4, 13, seed=15), g=_randn(4, 5, seed=16),
+                 extra=(_randn(4, 17, seed=14).requires_grad_(True),), x_requires_grad=False,
+                 where="for nn.Bilinear with two inputs (checkpoint(bilinear, x1, x2), only x2 requiring grad)")]
+
+
+def _run_case(nb, case: dict) -> tuple[dict, dict]:
+    """(student's run, plain autograd's run) of one case."""
+    extra, seed, req = case.get("extra", ()), case.get("seed", 0), case.get("x_requires_grad", True)
+    got = _student(nb, "checkpoint", case["module"], case["x"], case["g"], *extra, seed=seed, x_requires_grad=req)
+    ref = _reference(case["module"], case["x"], case["g"], *extra, seed=seed, x_requires_grad=req,
+                     threads=got.get("threads"))
+    return got, ref
+
+
+@hidden_test("test_checkpoint")
+def check_checkpoint(nb):
+    for case in _values_cases():
+        got, ref = _run_case(nb, case)
+        _compare(got, ref, case["where"], VALUES_HINT)
+
+
+@hidden_test("test_checkpoint_rng")
+def check_checkpoint_rng(nb):
+    for case in _rng_cases():
+        got, ref = _run_case(nb, case)
+        _compare(got, ref, case["where"], RNG_HINT, output_hint=RNG_OUTPUT_HINT)
+
+
+@hidden_test("test_checkpoint_edge_cases")
+def check_checkpoint_edge_cases(nb):
+    for case in _edge_cases():
+        got, ref = _run_case(nb, case)
+        _compare(got, ref, case["where"], EDGE_HINT,
+                 inputs_need_grad=_needs_grad(case.get("x_requires_grad", True), case.get("extra", ())))
+
+
+def _check_schedule(got: dict, ref: dict, case: dict) -> None:
+    """What the forward call saved and ran, and what ran again during backward."""
+    where, extra = case["where"], case.get("extra", ())
+    bound = _nbytes(case["x"]) + sum(_nbytes(e) for e in extra if isinstance(e, torch.Tensor))
     if got["activation_bytes"] > bound:
         raise AssertionError(
             f"{where}: {got['activation_bytes']:,} bytes of activations were saved for backward, but a checkpoint "
@@ -125,33 +255,23 @@ def _check_segment(nb, module, x, g, *extra, seed=0, x_requires_grad=True, hint=
         raise AssertionError(
             f"{where}: the forward call cost {got['forward_flops']:,} FLOPs, plain function(*args) "
             f"{ref['forward_flops']:,}: run function exactly once in the forward pass")
+    if not got["attached"]:
+        if _needs_grad(case.get("x_requires_grad", True), extra):
+            raise AssertionError(f"{where}: the output is not attached to the autograd graph, so backward never "
+                                 f"ran function again. {ATTACH_HINT}")
+        return  # only parameters need a gradient here: test_checkpoint_edge_cases grades that
     if got["backward_calls"] != ref["forward_calls"]:
         raise AssertionError(
             f"{where}: during backward the layers {got['backward_calls']} ran, expected one recomputation of the "
             f"whole function ({ref['forward_calls']}): recompute function(*args) once in backward")
 
 
-@hidden_test("test_checkpoint")
-def check_checkpoint(nb):
+@hidden_test("test_checkpoint_memory")
+def check_checkpoint_memory(nb):
     meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
-    # Plain MLP, input requiring grad, awkward sizes.
-    _check_segment(nb, _mlp(1), _randn(7, 37, seed=2), _randn(7, 11, seed=3),
-                   where="for an MLP 37 → 53 → 29 → 11 on a batch of 7")
-    # Leading batch dimensions.
-    _check_segment(nb, _mlp(4), _randn(2, 5, 37, seed=5), _randn(2, 5, 11, seed=6),
-                   where="for an input of shape (2, 5, 37)")
-    # Dropout in training mode: the recomputation must replay the RNG.
-    for seed in (11, 12):
-        _check_segment(nb, _mlp(seed, dropout=0.5), _randn(9, 37, seed=seed + 20), _randn(9, 11, seed=seed + 40),
-                       seed=seed, hint=RNG_HINT, where="with dropout (p=0.5) in training mode")
-    # The input needs no gradient (a data batch); the parameters do.
-    _check_segment(nb, _mlp(7), _randn(6, 37, seed=8), _randn(6, 11, seed=9), x_requires_grad=False,
-                         hint=PARAM_HINT, where="when the input does not require grad")
-    # Two tensor arguments, only the second requiring grad.
-    bil = _seeded(13, lambda: nn.Bilinear(13, 17, 5))
-    x2 = _randn(4, 17, seed=14).requires_grad_(True)
-    _check_segment(nb, bil, _randn(4, 13, seed=15), _randn(4, 5, seed=16), x2, x_requires_grad=False,
-                   where="for nn.Bilinear with two inputs (checkpoint(bilinear, x1, x2), only x2 requiring grad)")
+    for case in _values_cases() + _rng_cases() + _edge_cases():
+        got, ref = _run_case(nb, case)
+        _check_schedule(got, ref, case)
     _check_held_memory(nb, meter)
 
 
@@ -197,14 +317,46 @@ def _fmt(chunks) -> str:
     return ", ".join(f"[{a}–{b}]" if a != b else f"[{a}]" for a, b in chunks) or "none"
 
 
-def _check_chunked(nb, fn_name: str, arg: int, chunks: list[tuple[int, int]], hint: str, seed: int,
-                   x_requires_grad: bool = True) -> None:
+def _chunk_hint(found: list[tuple[int, int]], chunks: list[tuple[int, int]], split_hint: str) -> str:
+    """Name the mistake the recomputed chunks show: nothing recomputed, chunks missing, or other boundaries."""
+    if not found:
+        return f"Nothing ran again during backward: {EVERY_CHUNK_HINT}"
+    missing = [c for c in chunks if c not in found]
+    if len(found) > len(chunks) and all(a == b for a, b in found):
+        return (f"The layers were recomputed one at a time, each as a chunk of its own. {split_hint}; each chunk "
+                "runs as one checkpoint(...) call")
+    if set(found) <= set(chunks):
+        return f"The chunks {_fmt(missing)} were not recomputed: {EVERY_CHUNK_HINT}"
+    return split_hint
+
+
+def _check_chunked(nb, fn_name: str, arg: int, chunks: list[tuple[int, int]], split_hint: str, seed: int,
+                   x_requires_grad: bool = True, values: bool = True, layout: bool = True,
+                   raised_hint: str = "") -> None:
+    """``values``: output and gradients bit for bit; ``layout``: forward calls, recomputed chunks, saved bytes
+    (on an attached output only when ``values`` is off: then another cell grades attaching). ``raised_hint``
+    explains an exception the call should not raise."""
     chain = _chain(seed)
     x, g = _randn(6, 5, seed=seed + 1), _randn(6, 3, seed=seed + 2)
-    where = f"{fn_name}(10 layers, x, {arg})"
-    ref = _reference(chain, x, g, arg, seed=seed, x_requires_grad=x_requires_grad, fn=_run_plain_chain)
-    got = _student(nb, fn_name, chain, x, g, arg, seed=seed, x_requires_grad=x_requires_grad)
-    _compare(got, ref, f"for {where}", "the chunks must run the layers in order, each exactly once per pass")
+    where = f"{fn_name}(10 layers, x, {arg})" + ("" if x_requires_grad else " with an x that needs no gradient")
+    try:
+        got = _student(nb, fn_name, chain, x, g, arg, seed=seed, x_requires_grad=x_requires_grad)
+    except NameError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the student's function raised
+        if not raised_hint:
+            raise
+        raised = getattr(e, "type_name", type(e).__name__)
+        detail = getattr(e, "message", None) if hasattr(e, "type_name") else str(e)
+        raise AssertionError(f"{where} raised {raised}" + (f" ({detail})" if detail else "")
+                             + f": {raised_hint}") from None
+    ref = _reference(chain, x, g, arg, seed=seed, x_requires_grad=x_requires_grad, fn=_run_plain_chain,
+                     threads=got.get("threads"))
+    if values:
+        _compare(got, ref, f"for {where}", CHUNK_VALUES_HINT, output_hint=CHUNK_VALUES_HINT,
+                 inputs_need_grad=x_requires_grad, attach_hint=CHUNK_ATTACH_HINT)
+    if not layout or not got["attached"]:
+        return
     if got["forward_calls"] != ref["forward_calls"]:
         raise AssertionError(f"for {where} the forward pass called the layers {got['forward_calls']}, expected "
                              f"each once, in order")
@@ -213,8 +365,8 @@ def _check_chunked(nb, fn_name: str, arg: int, chunks: list[tuple[int, int]], hi
     full = [str(i) for a, b in reversed(chunks) for i in range(a, b + 1)]
     short = [str(i) for a, b in reversed(chunks) for i in range(a, b)]
     if got["backward_calls"] not in (full, short):
-        raise AssertionError(
-            f"for {where} the chunks recomputed during backward were {_fmt(found)}, expected {_fmt(chunks)}. {hint}")
+        raise AssertionError(f"for {where} the chunks recomputed during backward were {_fmt(found)}, expected "
+                             f"{_fmt(chunks)}. {_chunk_hint(found, chunks, split_hint)}")
     # Layer inputs, in order: x, then each layer's output (widths from the chain above).
     widths = [5, 7, 7, 11, 11, 13, 17, 17, 19, 23]
     bound = sum(6 * widths[a] * 4 for a, _ in chunks)
@@ -229,29 +381,51 @@ def _expect_value_error(nb, fn_name: str, arg, what: str) -> None:
     names = fetch(nb.apply(probes.raised, nb[fn_name], chain, _randn(2, 5, seed=0), arg))
     if names is None or "ValueError" not in names:
         got = "returned a result" if names is None else f"raised {names[0]}"
-        raise AssertionError(f"{fn_name}(10 layers, x, {arg!r}) {got}: {what} should raise ValueError")
+        raise AssertionError(f"{fn_name}(10 layers, x, {arg!r}) {got}: {what} raises ValueError")
+
+
+UNIFORM_CASES = [(4, [(0, 2), (3, 5), (6, 7), (8, 9)]), (3, [(0, 3), (4, 6), (7, 9)]),
+                 (6, [(0, 1), (2, 3), (4, 5), (6, 7), (8, 8), (9, 9)]), (1, [(0, 9)]),
+                 (10, [(i, i) for i in range(10)])]
+BLOCK_CASES = [(3, [(0, 2), (3, 5), (6, 8), (9, 9)]), (4, [(0, 3), (4, 7), (8, 9)]), (1, [(i, i) for i in range(10)]),
+               (10, [(0, 9)]), (6, [(0, 5), (6, 9)])]
 
 
 @hidden_test("test_checkpoint_uniform")
 def check_checkpoint_uniform(nb):
-    cases = [(4, [(0, 2), (3, 5), (6, 7), (8, 9)]), (3, [(0, 3), (4, 6), (7, 9)]),
-             (6, [(0, 1), (2, 3), (4, 5), (6, 7), (8, 8), (9, 9)]), (1, [(0, 9)]),
-             (10, [(i, i) for i in range(10)])]
-    for i, (k, chunks) in enumerate(cases):
+    for i, (k, chunks) in enumerate(UNIFORM_CASES):
         _check_chunked(nb, "checkpoint_uniform", k, chunks, SPLIT_HINT, seed=30 + i)
-    _check_chunked(nb, "checkpoint_uniform", 3, cases[1][1], SPLIT_HINT, seed=40, x_requires_grad=False)
-    for bad in (0, 11):
+    # The chunks with an input that needs no gradient (its values: test_checkpoint_uniform_edge_cases).
+    _check_chunked(nb, "checkpoint_uniform", 3, UNIFORM_CASES[1][1], SPLIT_HINT, seed=40, x_requires_grad=False,
+                   values=False)
+
+
+@hidden_test("test_checkpoint_uniform_edge_cases")
+def check_checkpoint_uniform_edge_cases(nb):
+    _check_chunked(nb, "checkpoint_uniform", 3, UNIFORM_CASES[1][1], SPLIT_HINT, seed=40, x_requires_grad=False,
+                   layout=False)
+    for bad in (0, 11, -1):
         _expect_value_error(nb, "checkpoint_uniform", bad, "a number of segments outside 1..n")
+    _expect_value_error(nb, "checkpoint_uniform", 2.5, "a number of segments that is not an int")
 
 
 @hidden_test("test_checkpoint_blocks")
 def check_checkpoint_blocks(nb):
-    cases = [(3, [(0, 2), (3, 5), (6, 8), (9, 9)]), (4, [(0, 3), (4, 7), (8, 9)]), (1, [(i, i) for i in range(10)]),
-             (10, [(0, 9)]), (15, [(0, 9)]), (6, [(0, 5), (6, 9)])]
-    for i, (b, chunks) in enumerate(cases):
+    for i, (b, chunks) in enumerate(BLOCK_CASES):
         _check_chunked(nb, "checkpoint_blocks", b, chunks, BLOCK_HINT, seed=50 + i)
-    _check_chunked(nb, "checkpoint_blocks", 4, cases[1][1], BLOCK_HINT, seed=60, x_requires_grad=False)
-    _expect_value_error(nb, "checkpoint_blocks", 0, "a block size of 0")
+    _check_chunked(nb, "checkpoint_blocks", 4, BLOCK_CASES[1][1], BLOCK_HINT, seed=60, x_requires_grad=False,
+                   values=False)
+
+
+@hidden_test("test_checkpoint_blocks_edge_cases")
+def check_checkpoint_blocks_edge_cases(nb):
+    # A block longer than the chain: one chunk (b >= n is a valid block size).
+    _check_chunked(nb, "checkpoint_blocks", 15, [(0, 9)], LONG_BLOCK_HINT, seed=54, raised_hint=LONG_BLOCK_HINT)
+    _check_chunked(nb, "checkpoint_blocks", 4, BLOCK_CASES[1][1], BLOCK_HINT, seed=60, x_requires_grad=False,
+                   layout=False)
+    for bad in (0, -2):
+        _expect_value_error(nb, "checkpoint_blocks", bad, "a block size below 1")
+    _expect_value_error(nb, "checkpoint_blocks", 2.5, "a block size that is not an int")
 
 
 # --- the planner -----------------------------------------------------------------------------------
@@ -266,14 +440,20 @@ def _recompute(plan, fwd) -> int:
     return sum(sum(fwd[a:b]) for a, b in zip(starts[:-1], starts[1:]) if b - a > 1)
 
 
-def _brute_force(act, fwd, budget):
+def _recompute_last_free(plan, fwd) -> int:
+    """Another cost model (torch's non-reentrant early stop): a segment's last layer is never recomputed."""
+    starts = list(plan) + [len(fwd)]
+    return sum(sum(fwd[a:b - 1]) for a, b in zip(starts[:-1], starts[1:]))
+
+
+def _brute_force(act, fwd, budget, cost=_recompute):
     best = None
     for r in range(len(act)):
         for rest in itertools.combinations(range(1, len(act)), r):
             plan = (0, *rest)
             if _memory(plan, act) <= budget:
-                cost = _recompute(plan, fwd)
-                best = cost if best is None or cost < best else best
+                c = cost(plan, fwd)
+                best = c if best is None or c < best else best
     return best
 
 
@@ -309,13 +489,19 @@ def _pareto_optimum(act, fwd, budget):
     return best
 
 
-def _check_plan(nb, act, fwd, budget, optimum, label: str) -> None:
+def _least_memory(act) -> int | None:
+    """The least memory any plan needs (small chains only)."""
+    if len(act) > 12:
+        return None
+    return min(_memory((0, *r), act) for k in range(len(act)) for r in itertools.combinations(range(1, len(act)), k))
+
+
+def _check_plan(nb, act, fwd, budget, optimum, label: str = "") -> None:
     where = f"plan_checkpoints({act}, {fwd}, {budget})" if len(act) <= 12 else f"plan_checkpoints for {label}"
     if optimum is None:
         names = fetch(nb.apply(probes.raised, nb.plan_checkpoints, act, fwd, budget))
         if names is None or "ValueError" not in names:
-            least = min(_memory((0, *r), act) for k in range(len(act))
-                        for r in itertools.combinations(range(1, len(act)), k)) if len(act) <= 12 else None
+            least = _least_memory(act)
             got = "returned a plan" if names is None else f"raised {names[0]}"
             raise AssertionError(f"{where} {got}, but no plan fits in {budget} bytes"
                                  + (f" (the least memory any plan needs is {least})" if least is not None else "")
@@ -329,12 +515,11 @@ def _check_plan(nb, act, fwd, budget, optimum, label: str) -> None:
         raised = getattr(e, "type_name", type(e).__name__)
         detail = getattr(e, "message", None) if hasattr(e, "type_name") else str(e)
         raised += f" ({detail})" if detail else ""
-        hint = ("A greedy choice is not enough: compare every first segment [i, j] and keep, for each start, the "
-                "plans no other plan beats on both stored bytes and recomputation") if "ValueError" in raised else ""
+        hint = FITS_HINT if "ValueError" in raised else ""
         raise AssertionError(f"{where} raised {raised}, but plans fit in the budget (the best recomputes "
                              f"{optimum}). {hint}".strip()) from None
     if not isinstance(plan, (list, tuple)) or not all(isinstance(c, int) and not isinstance(c, bool) for c in plan):
-        raise AssertionError(f"{where} returned {plan!r}: a plan is a list of layer indices (ints)")
+        raise AssertionError(f"{where} returned {plan!r}: a plan is a list of layer indices (Python ints)")
     plan = list(plan)
     if not plan or plan[0] != 0 or plan != sorted(set(plan)) or plan[-1] >= len(act):
         raise AssertionError(f"{where} returned {plan}: a plan is a sorted list of distinct layer indices in "
@@ -342,34 +527,67 @@ def _check_plan(nb, act, fwd, budget, optimum, label: str) -> None:
     memory = _memory(plan, act)
     if memory > budget:
         raise AssertionError(f"{where} returned {plan}, which needs {memory} bytes: more than the budget of "
-                             f"{budget}. Memory = stored inputs + the largest segment's inner inputs")
+                             f"{budget}. Memory = stored inputs + the largest segment's inner inputs (plan_memory)")
     cost = _recompute(plan, fwd)
     if cost != optimum:
+        # On a short chain, say so when the plan is the best one under the cost that skips each segment's last layer.
+        other = len(act) <= 12 and _recompute_last_free(plan, fwd) == _brute_force(act, fwd, budget,
+                                                                                   cost=_recompute_last_free)
         raise AssertionError(
             f"{where} returned {plan}, which fits ({memory} bytes) but recomputes {cost}; the best plan within the "
-            f"budget recomputes {optimum}. A greedy choice is not enough: compare every first segment [i, j] and "
-            f"keep, for each start, the plans no other plan beats on both stored bytes and recomputation")
+            f"budget recomputes {optimum}. {COST_HINT if other else OPTIMUM_HINT}")
 
 
-@hidden_test("test_plan_checkpoints")
-def check_plan_checkpoints(nb):
-    # Hand-made: big early inputs and cheap late ones, where evenly spaced or greedy plans lose.
-    act, fwd = [9, 1, 1, 1, 9, 1, 1, 1, 1, 5], [1, 6, 1, 1, 1, 7, 1, 1, 1, 1]
-    for budget in (20, 21, 22, 23, 24, 27, sum(act)):
-        _check_plan(nb, act, fwd, budget, _brute_force(act, fwd, budget), "")
-    # One layer; every budget below the least memory.
-    _check_plan(nb, [7], [3], 7, 0, "")
-    _check_plan(nb, [7], [3], 6, None, "")
-    _check_plan(nb, act, fwd, 19, None, "")
-    # Random chains, budgets spread between infeasible and roomy.
+HAND_MADE = ([9, 1, 1, 1, 9, 1, 1, 1, 1, 5], [1, 6, 1, 1, 1, 7, 1, 1, 1, 1])  # big early inputs, cheap late ones
+
+
+def _random_chains() -> list[tuple[list[int], list[int], int, int | None]]:
+    """30 random chains of 2 to 10 layers, budgets spread between infeasible and roomy, with their optimum."""
     rng = random.Random(2016)
+    chains = []
     for _ in range(30):
         n = rng.randint(2, 10)
         act = [rng.randint(1, 40) for _ in range(n)]
         fwd = [rng.randint(0, 25) for _ in range(n)]
         budget = rng.randint(max(act) - 5, sum(act) + 3)
-        _check_plan(nb, act, fwd, budget, _brute_force(act, fwd, budget), "")
-    # A long chain (2^39 plans): only a dynamic program finishes.
+        chains.append((act, fwd, budget, _brute_force(act, fwd, budget)))
+    return chains
+
+
+@hidden_test("test_plan_checkpoints")
+def check_plan_checkpoints(nb):
+    # Hand-made: big early inputs and cheap late ones, where evenly spaced or greedy plans lose.
+    act, fwd = HAND_MADE
+    for budget in (20, 21, 22, 23, 24, 27, sum(act)):
+        _check_plan(nb, act, fwd, budget, _brute_force(act, fwd, budget))
+    # Random chains where a plan fits (the others: test_plan_checkpoints_edge_cases).
+    for act, fwd, budget, optimum in _random_chains():
+        if optimum is not None:
+            _check_plan(nb, act, fwd, budget, optimum)
+
+
+@hidden_test("test_plan_checkpoints_edge_cases")
+def check_plan_checkpoints_edge_cases(nb):
+    # One layer: its input is the whole plan, or nothing fits.
+    _check_plan(nb, [7], [3], 7, 0)
+    _check_plan(nb, [7], [3], 6, None)
+    # Budgets below the least memory any plan needs.
+    _check_plan(nb, *HAND_MADE, 19, None)
+    for act, fwd, budget, optimum in _random_chains():
+        if optimum is None:
+            _check_plan(nb, act, fwd, budget, None)
+    # Lists of different lengths, with a budget every input would fit in.
+    for act, fwd in (([4, 2, 3], [1, 1]), ([4, 2], [1, 1, 1])):
+        names = fetch(nb.apply(probes.raised, nb.plan_checkpoints, act, fwd, 100))
+        if names is None or "ValueError" not in names:
+            got = "returned a plan" if names is None else f"raised {names[0]}"
+            raise AssertionError(f"plan_checkpoints({act}, {fwd}, 100) {got}: act_bytes and fwd_flops give one "
+                                 "number per layer, so lists of different lengths raise ValueError")
+
+
+@hidden_test("test_plan_checkpoints_long_chain")
+def check_plan_checkpoints_long_chain(nb):
+    # A long chain (2^39 plans): only a dynamic program finishes within a graded cell's time.
     rng = random.Random(40)
     act = [rng.choice((4, 8, 12)) for _ in range(40)]
     fwd = [rng.choice((1, 2, 3)) for _ in range(40)]
