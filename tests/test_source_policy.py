@@ -293,17 +293,22 @@ def test_a_refused_exercise_scores_zero_and_is_not_run(tmp_path, monkeypatch):
     forbidden = "import torch.utils.checkpoint as ck\n\ndef checkpoint(function, *args):\n" \
                 "    return ck.checkpoint(function, *args, use_reentrant=False)\n"
     path = write(tmp_path, "s", chapter, with_exercise(chapter, "checkpoint", forbidden))
-    seen = {}
+    calls = []
 
     def fake_run_checks(chapter_, program, grade_ids, limits, submission_dir=None, setup=None):
-        seen.update(program=program, grade_ids=grade_ids)
+        calls.append((program, grade_ids))
         return {gid: Outcome(gid, True, "") for gid in grade_ids}
 
     monkeypatch.setattr(autograde, "run_checks", fake_run_checks)
     result = autograde.grade_one("s", chapter, path, lay, autograde.Limits())
     # (other exercises' docstrings name torch.utils.checkpoint as refused: look for the refused code itself)
-    assert not any("import torch.utils.checkpoint as ck" in src for src in seen["program"]), "the refused cell ran"
-    assert set(seen["grade_ids"]) == {gid for gid, _ in lay.tests} - set(lay.tests_of("checkpoint"))
+    assert not any("import torch.utils.checkpoint as ck" in src for program, _ in calls for src in program), \
+        "the refused cell ran"
+    assert {gid for _, gids in calls for gid in gids} == {gid for gid, _ in lay.tests} - set(lay.tests_of("checkpoint"))
+    # the later exercises, which call checkpoint, run with the course's reference of it
+    stand_in = autograde._references(chapter, lay)["checkpoint"]
+    assert calls and all(stand_in in program for program, _ in calls)
+    assert "checkpoint" in result.note
     for gid in lay.tests_of("checkpoint"):
         o = result.outcomes[gid]
         assert not o.passed and "torch.utils.checkpoint" in o.reason and "line 1" in o.reason
@@ -337,4 +342,5 @@ def test_the_reference_submission_is_not_refused(tmp_path, monkeypatch):
                         calls.append(gids) or {g: Outcome(g, True, "") for g in gids})
     lay = autograde.release_layout(chapter)
     result = autograde.grade_one("s", chapter, path, lay, autograde.Limits())
-    assert calls == [[gid for gid, _ in lay.tests]] and result.score == result.max_score
+    assert [gid for gids in calls for gid in gids] == [gid for gid, _ in lay.tests]
+    assert result.score == result.max_score and not result.note
