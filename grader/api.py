@@ -43,10 +43,14 @@ from typing import Callable
 from grader.sandbox.codec import decode, encode
 
 _REGISTRY: dict[str, dict[str, Callable]] = {}
+_REQUIRES: dict[str, dict[str, tuple[str, ...]]] = {}
 
 
-def hidden_test(grade_id: str):
-    """Register ``check(nb)`` as the hidden test of the test cell ``grade_id``."""
+def hidden_test(grade_id: str, requires: tuple[str, ...] = ()):
+    """Register ``check(nb)`` as the hidden test of the test cell ``grade_id``.
+
+    ``requires`` names test cells whose passing this cell's points depend on, besides the
+    exercise's first cell (see :func:`gates`)."""
 
     def deco(fn: Callable) -> Callable:
         chapter = fn.__module__.rsplit(".", 1)[-1]
@@ -54,6 +58,8 @@ def hidden_test(grade_id: str):
         if grade_id in table:
             raise ValueError(f"{chapter}: two hidden tests for {grade_id!r}")
         table[grade_id] = fn
+        if requires:
+            _REQUIRES.setdefault(chapter, {})[grade_id] = tuple(requires)
         return fn
 
     return deco
@@ -63,6 +69,26 @@ def checks_for(chapter: str) -> dict[str, Callable]:
     """All hidden tests of a chapter, keyed by test-cell grade_id."""
     importlib.import_module(f"grader.hidden.{chapter}")
     return dict(_REGISTRY.get(chapter, {}))
+
+
+def gates(chapter: str, lay) -> dict[str, tuple[str, ...]]:
+    """test cell -> the test cells that must pass for its points to count.
+
+    An exercise's first test cell grades its core (values and gradients); its other cells grade
+    further properties (memory, FLOPs, edge cases, errors) of an implementation that computes
+    the right thing, so they count once the first one passes: code that does nothing, or
+    always raises, collects no points on them. A hidden test may add cells with ``requires``.
+    """
+    checks_for(chapter)
+    extra = _REQUIRES.get(chapter, {})
+    found: dict[str, tuple[str, ...]] = {}
+    for exercise in lay.exercises:
+        cells = lay.tests_of(exercise)
+        for gid in cells:
+            needs = ([cells[0]] if gid != cells[0] else []) + [g for g in extra.get(gid, ()) if g != gid]
+            if needs:
+                found[gid] = tuple(dict.fromkeys(needs))
+    return found
 
 
 def fetch(value):

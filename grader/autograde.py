@@ -18,6 +18,8 @@ What runs where (see grader/sandbox/judge.py for the threat model):
   * Exercises are graded in order, each on its own: once an exercise has failed any of its
     tests, the checks of later exercises run with the course's reference of it added after the
     student's cell, so one mistake costs its own points once (the feedback says so).
+  * An exercise's further test cells (memory, edge cases, errors...) count once its first
+    cell passes (``grader.api.gates``); the release says so in each such cell.
   * A submission that is missing, not notebook JSON, raises, hangs or blows a limit gets
     zeros for what could not run and the reason in its feedback; every other result is still
     written. grades.csv is rewritten atomically after each submission, keeping the rows of
@@ -37,6 +39,7 @@ from pathlib import Path
 
 import nbformat
 
+from grader.api import gates
 from grader.feedback import write_feedback
 from grader.notebooks import COURSE, Layout, chapters, exercise_sources, layout, read_source
 from grader.sandbox.judge import Limits, Outcome, run_checks
@@ -145,6 +148,7 @@ def _grade_in_order(chapter: str, lay: Layout, sources: dict[str, str | None], r
     Returns the outcomes and the exercises that were stood in for while a later one was graded.
     """
     references = _references(chapter, lay)
+    needs = gates(chapter, lay)
     owned = {gid for ex in lay.exercises for gid in lay.tests_of(ex)}
     groups = [(None, [gid for gid, _ in lay.tests if gid not in owned])]
     groups += [(ex, list(lay.tests_of(ex))) for ex in lay.exercises]
@@ -152,18 +156,34 @@ def _grade_in_order(chapter: str, lay: Layout, sources: dict[str, str | None], r
     failed: list[str] = []
     stood_in: list[str] = []
     for ex, gids in groups:
-        to_run = [gid for gid in gids if gid not in zeros]
-        if to_run:
-            program = list(lay.setup)
-            for e in lay.exercises:
-                if sources.get(e) is not None and e not in refused:
-                    program.append(sources[e])
-                if e in failed and e in references:
-                    program.append(references[e])
-                    if e not in stood_in:
-                        stood_in.append(e)
-            outcomes.update(run_checks(chapter, program, to_run, limits, submission_dir=submission_dir,
-                                       setup=len(lay.setup)))
+        program = list(lay.setup)
+        for e in lay.exercises:
+            if sources.get(e) is not None and e not in refused:
+                program.append(sources[e])
+            if e in failed and e in references:
+                program.append(references[e])
+                if e not in stood_in:
+                    stood_in.append(e)
+        pending = [gid for gid in gids if gid not in outcomes]
+        while pending:
+            # a cell whose gates are decided: it runs if they passed, else it scores 0 unrun
+            decided = [g for g in pending if all(n in outcomes or n not in gids for n in needs.get(g, ()))]
+            if not decided:  # gates that wait on each other: none of them can count
+                decided = pending
+            ready = []
+            for g in decided:
+                unmet = [n for n in needs.get(g, ()) if not (n in outcomes and outcomes[n].passed)]
+                if unmet:
+                    verb = "passes" if len(unmet) == 1 else "pass"
+                    outcomes[g] = Outcome(g, False, f"this cell counts once {' and '.join(unmet)} {verb}: it "
+                                                    "grades a further property of an implementation that "
+                                                    "computes the right thing (fix that cell first)")
+                else:
+                    ready.append(g)
+            if ready:
+                outcomes.update(run_checks(chapter, program, ready, limits, submission_dir=submission_dir,
+                                           setup=len(lay.setup)))
+            pending = [g for g in pending if g not in outcomes]
         if ex is not None and not all(outcomes[gid].passed for gid in gids if gid in outcomes):
             failed.append(ex)
     return outcomes, stood_in

@@ -149,16 +149,28 @@ def graded_check_line(chapter: str, exercise: str) -> str:
 def with_graded_checks(nb: nbformat.NotebookNode, chapter: str) -> nbformat.NotebookNode:
     """``nb`` with :func:`graded_check_line` at the top of every graded test cell that follows an
     exercise (``Layout.tests_of``); the cell's hidden-test region is left as it is."""
+    from grader.api import gates  # the hidden tests' registry: instructor side only
+
     lay = layout(nb, chapter)
     owner = {gid: ex for ex in lay.exercises for gid in lay.tests_of(ex)}
+    needs = gates(chapter, lay)
     for cell in nb.cells:
         gid = grade_id(cell)
         if cell.cell_type != "code" or gid not in owner or not cell.metadata["nbgrader"].get("grade"):
             continue
-        line = graded_check_line(chapter, owner[gid])
-        if cell.source.split("\n", 1)[0] != line:
-            cell.source = line + "\n" + cell.source
+        lines = [graded_check_line(chapter, owner[gid])]
+        if gid in needs:
+            lines.append(gate_line(needs[gid]))
+        if not cell.source.startswith(lines[0] + "\n"):
+            cell.source = "\n".join(lines) + "\n" + cell.source
     return nb
+
+
+def gate_line(needs: tuple[str, ...]) -> str:
+    """The comment that tells a student a cell's points wait on other cells (``grader.api.gates``)."""
+    verb = "passes" if len(needs) == 1 else "pass"
+    return (f"# This cell's points count once {' and '.join(needs)} {verb}: it grades a further property "
+            "of an exercise that computes the right thing.")
 
 
 def exercise_sources(nb: nbformat.NotebookNode, exercises: tuple[str, ...]) -> dict[str, str | None]:

@@ -454,7 +454,8 @@ def nf4_codebook() -> torch.Tensor:
 
     Returns:
         float32 tensor of shape (16,), ascending: 7 negative values, 0.0, 8 positive values; the
-        first is exactly -1.0 and the last exactly 1.0. Compute them (do not type them in).
+        first is exactly -1.0 and the last exactly 1.0. Compute them from the quantiles as described
+        above: typing in the table teaches nothing (the grader checks the values, not how you got them).
 
     Graded on: strictly ascending values with the exact -1.0, 0.0 and 1.0, and each level against the
     reference NF4 levels to within 1e-6. No bfloat16 or autocast, as in every exercise cell of this chapter.

@@ -9,8 +9,9 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from grader.api import checks_for
-from grader.notebooks import chapters, defines, grade_id, graded_check_line, layout, read_source, with_graded_checks
+from grader.api import checks_for, gates
+from grader.notebooks import (chapters, defines, gate_line, grade_id, graded_check_line, layout, read_source,
+                              with_graded_checks)
 from grader.release import release
 
 SOLUTION_RE = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
@@ -53,6 +54,11 @@ def test_graded_test_cells_first_run_their_exercise_as_graded(chapter, fresh):
         assert first.startswith(f'from coursekit.graded import check_as_graded; '
                                 f'check_as_graded("{chapter}", "{exercise}")  # ')
         assert rest and "check_as_graded" not in "\n".join(rest), "one check per cell, then the visible asserts"
+        needs = gates(chapter, lay).get(grade_id(cell))
+        if needs:  # the student reads which cells this one's points wait on
+            assert rest[0] == gate_line(needs), f"{grade_id(cell)} does not say that it counts once {needs} pass"
+        else:
+            assert not rest[0].startswith("# This cell's points count once")
 
 
 @pytest.mark.parametrize("chapter", chapters())
@@ -64,7 +70,8 @@ def test_the_check_line_is_added_by_the_release_only(chapter):
     assert twice == checked and twice is not checked, "adding the checks twice adds them once"
     for before, after in zip(nb.cells, checked.cells):
         if before.metadata.get("nbgrader", {}).get("grade"):
-            assert after.source.endswith(before.source) and after.source.count("\n") == before.source.count("\n") + 1
+            added = 2 if grade_id(before) in gates(chapter, layout(nb, chapter)) else 1
+            assert after.source.endswith(before.source) and after.source.count("\n") == before.source.count("\n") + added
             assert HIDDEN_RE.search(after.source).group(0) == HIDDEN_RE.search(before.source).group(0)
         else:
             assert after.source == before.source

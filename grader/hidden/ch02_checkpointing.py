@@ -228,14 +228,14 @@ def check_checkpoint(nb):
         _compare(got, ref, case["where"], VALUES_HINT)
 
 
-@hidden_test("test_checkpoint_rng")
+@hidden_test("test_checkpoint_rng", requires=("test_checkpoint_memory",))
 def check_checkpoint_rng(nb):
     for case in _rng_cases():
         got, ref = _run_case(nb, case)
         _compare(got, ref, case["where"], RNG_HINT, output_hint=RNG_OUTPUT_HINT)
 
 
-@hidden_test("test_checkpoint_edge_cases")
+@hidden_test("test_checkpoint_edge_cases", requires=("test_checkpoint_memory",))
 def check_checkpoint_edge_cases(nb):
     for case in _edge_cases():
         got, ref = _run_case(nb, case)
