@@ -11,6 +11,7 @@ from grader.notebooks import chapters
 import graded_once
 from grader.selfcheck import verdict
 from submissions import with_exercise, write
+from degenerate_submissions import DEGENERATE, FIRST_CELL_EARNED
 from wrong_submissions import WRONG
 
 pytestmark = pytest.mark.xdist_group("autograde")
@@ -45,6 +46,8 @@ def batch(tmp_path_factory):
     # The references and blank releases are graded once per run by graded_once, not here.
     for (ch, ex), source in WRONG.items():
         write(sub, f"wrong-{ex}", ch, with_exercise(ch, ex, source))
+    for (ch, ex, name), source in DEGENERATE.items():
+        write(sub, f"degenerate-{name}", ch, with_exercise(ch, ex, source))
     write(sub, "broken", "ch00_memory", "{ this is not a notebook")
     (sub / "missing" / "ch00_memory").mkdir(parents=True)
     write(sub, "hangs", "ch00_memory", with_exercise("ch00_memory", "predict_training_memory", HANG))
@@ -90,6 +93,20 @@ def test_a_wrong_exercise_costs_only_its_own_points(batch, chapter, exercise):
         if any(lay.tests_of(e) for e in later):
             page = (out / "feedback" / f"wrong-{exercise}" / f"{chapter}.html").read_text()
             assert f"course&#x27;s own {exercise}" in page or f"course's own {exercise}" in page
+
+
+@pytest.mark.parametrize("chapter,exercise,name", sorted(DEGENERATE))
+def test_degenerate_code_collects_no_points(batch, chapter, exercise, name):
+    """Code that computes nothing useful earns nothing: an exercise's further cells wait on its first."""
+    _, out, rows = batch
+    cells = release_layout(chapter).tests_of(exercise)
+    earned = {r["problem"]: float(r["score"]) for r in rows
+              if r["student_id"] == f"degenerate-{name}" and r["problem"] in cells and float(r["score"]) > 0}
+    allowed = {cells[0]} if name in FIRST_CELL_EARNED else set()
+    assert set(earned) <= allowed, f"{name} earned {earned}"
+    if not allowed:
+        page = (out / "feedback" / f"degenerate-{name}" / f"{chapter}.html").read_text()
+        assert "counts once" in page or len(cells) == 1
 
 
 def test_broken_missing_and_hanging_submissions_get_zeros_with_reasons(batch):
