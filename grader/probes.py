@@ -691,19 +691,21 @@ def _ch10_trace(fn: Callable, args: tuple, kwargs: dict, ignore: frozenset = fro
 
 
 def ch10_autograd_run(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
-                      *extra) -> dict:
+                      *extra, backward: bool = True) -> dict:
     """Run ``o = fn(q, k, v, *extra)`` (e.g. ``FlashAttention.apply``) on leaf copies of q, k, v
-    recording what autograd saves, then back-propagate ``grad_out``. Reports the output, the three
-    input gradients, whether the output is attached, the activation bytes saved during the forward
-    call and the shape, dtype and bytes of each saved storage."""
+    recording what autograd saves, then back-propagate ``grad_out`` (unless ``backward`` is False:
+    "grads" is then None). Reports the output, the three input gradients, whether the output is
+    attached, the activation bytes saved during the forward call and the shape, dtype and bytes of
+    each saved storage."""
     q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     with saved_tensors() as rec:
         o = fn(q, k, v, *extra)
     if not isinstance(o, torch.Tensor) or o.grad_fn is None:
         return {"attached": False, "o": o.detach().clone() if isinstance(o, torch.Tensor) else None}
-    o.backward(grad_out)
+    if backward:
+        o.backward(grad_out)
     return {"attached": True, "o": o.detach().clone(),
-            "grads": [None if t.grad is None else t.grad.clone() for t in (q, k, v)],
+            "grads": [None if t.grad is None else t.grad.clone() for t in (q, k, v)] if backward else None,
             "activation_bytes": rec.activation_bytes,
             "saved": [{"shape": list(s.shape), "dtype": str(s.dtype), "nbytes": s.nbytes}
                       for s in rec.tensors if not s.is_state]}

@@ -71,7 +71,9 @@ def launch_flash_forward(kernel, q, k, v, causal, block_m=32, block_n=32):
 # With a **causal** mask (a language model), query $i$ may only look at keys $j \le i$: set
 # $S_{ij} = -\infty$ for $j > i$ before the softmax. Written the obvious way, $S$ and $P$ are real
 # tensors of $N^2$ numbers per head, and autograd keeps $P$ (and more) for the backward pass. All
-# tensors below are $(B, H, N, d)$: batch, heads, sequence, head dimension.
+# tensors below are $(B, H, N, d)$: batch, heads, sequence, head dimension. The cell below also
+# defines `LargestTensor`, a dispatch mode that records the largest tensor any operator creates:
+# the measurements and the visible tests use it.
 
 # %%
 import statistics
@@ -102,6 +104,21 @@ def attention_naive(q, k, v, causal=False):
 def qkv(B=1, H=2, N=256, d=64, seed=0, requires_grad=False):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(B, H, N, d, generator=g).requires_grad_(requires_grad) for _ in range(3)]
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor (in elements) that any operator produces."""
+
+    def __init__(self):
+        super().__init__()
+        self.elements, self.shape = 0, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor) and t.nelement() > self.elements:
+                self.elements, self.shape = t.nelement(), tuple(t.shape)
+        return out
 
 
 q, k, v = qkv(N=512, requires_grad=True)
@@ -226,6 +243,10 @@ print("softmax :", (torch.softmax(row, 0) @ values).numpy(), " log-sum-exp", tor
 #   `kernels.ch10_flash_attention` are refused by the grader in every exercise of this chapter: use
 #   torch operations (and Triton in section 7).
 # - Accumulate in float32 (float64 for float64 inputs): `torch.promote_types(q.dtype, torch.float32)`.
+#   `o` comes back in the dtype of `q` (float16 in, float16 out), `lse` in the accumulation dtype.
+#
+# Three graded cells follow, one per property: the values (non-causal, $N$ a multiple of the
+# blocks), the edge cases (ragged tails, causal, float64 and float16 inputs) and the memory rule.
 
 # %% exercise="flash_attention_forward"
 def flash_attention_forward(q, k, v, causal=False, block_q=32, block_k=32):
@@ -242,15 +263,25 @@ def flash_attention_forward(q, k, v, causal=False, block_q=32, block_k=32):
             the keys row i attends to.
         No tensor of N × N elements is ever created.
 
-    Graded on: float32 inputs with d = 16 and N = 37, 70 or 100 (ragged last blocks), blocks of 8 to 64 (one
-    larger than N; block_q above, equal to and below block_k), causal and not, and inputs whose row maxima
-    rise from key block to key block, so that a missing rescale shows; o and lse are compared with float64
-    attention and must be finite. No torch operator may create a tensor of N² elements or more, whatever its
-    shape (a view counts as the whole storage it views), checked at N = 100 and at (B, H, N, d) =
-    (1, 1, 4096, 64), non-causal with blocks of 64, where the process's memory may also rise by less than a
-    quarter of one N × N float32 tensor while the call runs. Defining the function allocates nothing, and a
-    call keeps nothing for later calls (no caches). Fused attention, torch's attention layers, NumPy and the
-    course's kernels are refused. Each graded cell may use 60 s and 4 GiB.
+    Graded in three cells, on float32 inputs with d = 16 unless said otherwise; o and lse are compared with
+    float64 attention and must be finite. Each cell first calls the function at (B, H, N, d) = (1, 2, 128, 16),
+    causal and not, with blocks of 32 and 16: there no torch operator may create a tensor of N² elements or
+    more, whatever its shape (a view counts as the whole storage it views), and fused attention may not run;
+    either fails all three cells. The edge-case and memory cells count once the values cell passes.
+      values: non-causal, N = 64 or 96, a multiple of both block sizes: one block covering everything, then
+        several key blocks (blocks of 8 to 64, block_q above, equal to and below block_k), with inputs whose
+        row maxima rise from key block to key block, so that a missing rescale shows.
+      edge cases: N = 37, 70 or 100, causal and not (ragged last blocks, one block larger than N); causal
+        also at N = 96, with block_q above, equal to and below block_k (whole rows of a tile masked); float64
+        inputs (o and lse float64, to float64 precision) and float16 inputs (o float16, lse float32). Where
+        there are several key blocks, each row's maximum lies in the first one it sees: the rescale is the
+        values cell's.
+      memory: at (1, 1, 4096, 64), non-causal with blocks of 128, no N² tensor either, and the process's
+        memory may rise by less than a quarter of one N × N float32 tensor while the call runs (read from
+        outside it). Defining the function allocates nothing, and a call keeps nothing for later calls (no
+        caches).
+    Fused attention, torch's attention layers, NumPy and the course's kernels are refused. Each graded cell
+    may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
@@ -288,47 +319,61 @@ def flash_attention_forward(q, k, v, causal=False, block_q=32, block_k=32):
     ### END SOLUTION
 
 
-# %% test="test_flash_attention_forward" points=3
-q, k, v = (t.double() for t in qkv(B=2, H=3, N=70, d=16, seed=1))
-for causal in (False, True):
-    o_ref, lse_ref = attention_naive(q, k, v, causal)
-    o, lse = flash_attention_forward(q.float(), k.float(), v.float(), causal, block_q=32, block_k=16)
-    assert o.shape == (2, 3, 70, 16) and lse.shape == (2, 3, 70), "o is (B, H, N, d), lse is (B, H, N)"
-    assert torch.isfinite(o).all(), "NaN or inf in o: a fully masked row in a tile gives exp(-inf - (-inf))"
+# %% test="test_flash_attention_forward" points=1
+q, k, v = (t.double() for t in qkv(B=2, H=3, N=64, d=16, seed=1))
+o_ref, lse_ref = attention_naive(q, k, v)
+for bq, bk in ((64, 64), (32, 16), (16, 32)):  # one block, then several: N = 64 is a multiple of each
+    o, lse = flash_attention_forward(q.float(), k.float(), v.float(), block_q=bq, block_k=bk)
+    assert o.shape == (2, 3, 64, 16) and lse.shape == (2, 3, 64), "o is (B, H, N, d), lse is (B, H, N)"
     torch.testing.assert_close(o.double(), o_ref, atol=1e-5, rtol=1e-4,
-                               msg="o differs: is the running output rescaled by exp(m - m_new)?")
+                               msg=f"blocks {bq}/{bk}: o differs; is the running output rescaled by exp(m - m_new)?")
     torch.testing.assert_close(lse.double(), lse_ref, atol=1e-5, rtol=1e-4, msg="lse = m + log(l)")
-o, _ = flash_attention_forward(q.float(), k.float(), v.float(), causal=True)
-torch.testing.assert_close(o[:, :, 0], v[:, :, 0].float(), msg="causal: row 0 sees key 0 only, so o[0] = v[0]")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_forward", globals())
 ### END HIDDEN TESTS
 
+# %% test="test_flash_attention_forward_edge_cases" points=1
+q, k, v = (t.double() for t in qkv(B=2, H=3, N=70, d=16, seed=1))  # N = 70: the last blocks are short
+for causal in (False, True):
+    o_ref, lse_ref = attention_naive(q, k, v, causal)
+    o, lse = flash_attention_forward(q.float(), k.float(), v.float(), causal, block_q=32, block_k=16)
+    assert torch.isfinite(o).all(), "NaN or inf in o: a fully masked row in a tile gives exp(-inf - (-inf))"
+    torch.testing.assert_close(o.double(), o_ref, atol=1e-5, rtol=1e-4,
+                               msg=f"causal={causal}: o differs; do the short last blocks stop at N?")
+    torch.testing.assert_close(lse.double(), lse_ref, atol=1e-5, rtol=1e-4, msg="lse = m + log(l)")
+o, _ = flash_attention_forward(q.float(), k.float(), v.float(), causal=True)
+torch.testing.assert_close(o[:, :, 0], v[:, :, 0].float(), msg="causal: row 0 sees key 0 only, so o[0] = v[0]")
+o, lse = flash_attention_forward(q, k, v, causal=True)
+assert o.dtype == lse.dtype == torch.float64, "float64 inputs: o and lse in float64 (accumulate in float64)"
+o, lse = flash_attention_forward(q.half(), k.half(), v.half())
+assert o.dtype == torch.float16 and lse.dtype == torch.float32, "float16 inputs: o in float16, lse in float32"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_forward_edge_cases", globals())
+### END HIDDEN TESTS
+
+# %% test="test_flash_attention_forward_memory" points=1
+q, k, v = qkv(B=1, H=1, N=1024, d=16, seed=2)
+for causal in (False, True):
+    with LargestTensor() as big:
+        flash_attention_forward(q, k, v, causal, block_q=64, block_k=64)
+    assert big.elements < 1024 * 1024, \
+        f"causal={causal}: an operator created a tensor of shape {big.shape}; nothing of N × N elements may exist"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_forward_memory", globals())
+### END HIDDEN TESTS
+
 # %% [markdown]
 # ### Measure it: the largest tensor, the FLOPs, fp16
 #
-# A dispatch mode sees every tensor PyTorch creates. The largest one made by the tiled forward is
+# `LargestTensor` sees every tensor PyTorch creates. The largest one made by the tiled forward is
 # a tile or an output; the naive one makes $N \times N$ tensors. FLOPs (matmuls only) are the same:
 # the algorithm is exact, it only changes the order of the work, and causal skipping removes the
 # tiles above the diagonal.
 
 # %%
-class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor (in elements) that any operator produces."""
-
-    def __init__(self):
-        super().__init__()
-        self.elements, self.shape = 0, None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else [out]:
-            if isinstance(t, torch.Tensor) and t.nelement() > self.elements:
-                self.elements, self.shape = t.nelement(), tuple(t.shape)
-        return out
-
-
 q, k, v = qkv(B=1, H=2, N=1024, d=64)
 rows, tiled_flops = [], {}
 for name, fn in (("naive", attention_naive), ("tiled, blocks 128", lambda *a: flash_attention_forward(*a, 128, 128))):
@@ -381,7 +426,8 @@ print(f"largest score {s16.float().abs().max().item():.1f}, largest fp16 number 
 #
 # computed once, before the loop, from the *normalised* output $O$. Then every tile is independent:
 # loop over key blocks and query blocks, accumulate $dV_j$, $dK_j$ and $dQ_i$. Causal: the same
-# tiles are skipped as in the forward pass, and the masked entries of $P$ are exactly 0.
+# tiles are skipped as in the forward pass, and the masked entries of $P$ are exactly 0. As for the
+# forward pass, three graded cells: the gradients, the edge cases and the memory rule.
 
 # %% exercise="flash_attention_backward"
 def flash_attention_backward(q, k, v, o, lse, do, causal=False, block_q=32, block_k=32):
@@ -398,12 +444,23 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, block_q=32, bloc
         (dq, dk, dv), each (B, H, N, d) in the dtype of its input. No tensor of N × N elements is
         ever created.
 
-    Graded on: float32 inputs with d = 16 and N = 37, 70, 77 or 100, blocks of 16 to 64 (one tile covering
-    everything; block_q above, equal to and below block_k), causal and not, with o and lse those of exact
-    attention and a random do; dq, dk and dv are compared with float64 autograd and must be finite. At
-    N = 100, causal and not, no torch operator may create a tensor of N² elements or more, whatever its shape
-    (a view counts as the whole storage it views). Fused attention, torch's attention layers, NumPy and the
-    course's kernels are refused. Each graded cell may use 60 s and 4 GiB.
+    Graded in three cells, on float32 inputs with d = 16 unless said otherwise, o and lse those of exact
+    attention and a random do; dq, dk and dv are compared with float64 autograd and must be finite. Each cell
+    first calls the function at (B, H, N, d) = (1, 2, 128, 16), causal and not, with blocks of 32 and 16: there
+    no torch operator may create a tensor of N² elements or more, whatever its shape (a view counts as the
+    whole storage it views), and fused attention may not run; either fails all three cells. The edge-case and
+    memory cells count once the gradients cell passes.
+      gradients: non-causal, N = 64 or 96, a multiple of both block sizes: one tile covering everything, then
+        block_q above, equal to and below block_k.
+      edge cases: N = 37, 70, 77 or 100 (ragged last blocks, one block larger than N); causal at N = 70, 77,
+        96 and 100 with block_q above, equal to and below block_k; float64 inputs (float64 gradients, to
+        float64 precision).
+      memory: at (1, 1, 4096, 64), non-causal with blocks of 128, no N² tensor either, and the process's
+        memory may rise by less than a quarter of one N × N float32 tensor while the call runs (read from
+        outside it). Defining the function allocates nothing, and a call keeps nothing for later calls (no
+        caches).
+    Fused attention, torch's attention layers, NumPy and the course's kernels are refused. Each graded cell
+    may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     B, H, N, d = q.shape
@@ -431,8 +488,26 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, block_q=32, bloc
     ### END SOLUTION
 
 
-# %% test="test_flash_attention_backward" points=3
-q, k, v = (t.double().requires_grad_() for t in qkv(B=2, H=2, N=77, d=16, seed=3))
+# %% test="test_flash_attention_backward" points=1
+q, k, v = (t.double().requires_grad_() for t in qkv(B=2, H=2, N=64, d=16, seed=3))
+do = torch.randn(2, 2, 64, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+o_ref, lse_ref = attention_naive(q, k, v)
+grads_ref = torch.autograd.grad(o_ref, (q, k, v), do)
+for bq, bk in ((64, 64), (32, 16), (16, 32)):  # one tile, then several: N = 64 is a multiple of each
+    grads = flash_attention_backward(*(t.detach().float() for t in (q, k, v, o_ref, lse_ref, do)),
+                                     block_q=bq, block_k=bk)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, grads_ref):
+        assert g.shape == r.shape, f"{name} has shape {tuple(g.shape)}, expected {tuple(r.shape)}"
+        torch.testing.assert_close(g.double(), r, atol=1e-4, rtol=1e-3,
+                                   msg=f"{name} differs (blocks {bq}/{bk}): "
+                                       "D = rowsum(dO ∘ O), P = exp(τ S − L), τ in dq and dk")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_backward", globals())
+### END HIDDEN TESTS
+
+# %% test="test_flash_attention_backward_edge_cases" points=1
+q, k, v = (t.double().requires_grad_() for t in qkv(B=2, H=2, N=77, d=16, seed=3))  # N = 77: short last blocks
 do = torch.randn(2, 2, 77, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
 for causal, (bq, bk) in ((False, (32, 32)), (True, (32, 16)), (True, (16, 32))):
     o_ref, lse_ref = attention_naive(q, k, v, causal)
@@ -440,13 +515,26 @@ for causal, (bq, bk) in ((False, (32, 32)), (True, (32, 16)), (True, (16, 32))):
     grads = flash_attention_backward(*(t.detach().float() for t in (q, k, v, o_ref, lse_ref, do)),
                                      causal=causal, block_q=bq, block_k=bk)
     for name, g, r in zip(("dq", "dk", "dv"), grads, grads_ref):
-        assert g.shape == r.shape, f"{name} has shape {tuple(g.shape)}, expected {tuple(r.shape)}"
         torch.testing.assert_close(g.double(), r, atol=1e-4, rtol=1e-3,
-                                   msg=f"{name} differs (causal={causal}, blocks {bq}/{bk}): "
-                                       "D = rowsum(dO ∘ O), P = exp(τ S − L), τ in dq and dk")
+                                   msg=f"{name} differs (causal={causal}, blocks {bq}/{bk}): masked entries "
+                                       "of P are exactly 0, and the short last blocks stop at N")
+grads = flash_attention_backward(*(t.detach() for t in (q, k, v, o_ref, lse_ref, do)), causal=True)
+assert all(g.dtype == torch.float64 for g in grads), "float64 inputs: float64 gradients (accumulate in float64)"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
-from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_backward", globals())
+from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_backward_edge_cases", globals())
+### END HIDDEN TESTS
+
+# %% test="test_flash_attention_backward_memory" points=1
+q, k, v = qkv(B=1, H=1, N=1024, d=16, seed=4)
+o, lse = flash_attention_forward(q, k, v, causal=True, block_q=64, block_k=64)
+with LargestTensor() as big:
+    flash_attention_backward(q, k, v, o, lse, torch.randn_like(o), causal=True, block_q=64, block_k=64)
+assert big.elements < 1024 * 1024, \
+    f"an operator created a tensor of shape {big.shape}; backward recomputes P one tile at a time, never N × N"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_backward_memory", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -477,7 +565,7 @@ print(f"tiled : forward {flash_flops[0] / unit:.1f} + backward {flash_flops[1] /
 # `FlashAttention.apply(q, k, v, causal, block_q, block_k)` (the last three optional). Its forward
 # saves exactly `q, k, v, o, lse` with `ctx.save_for_backward` (the block sizes and the causal
 # flag go on `ctx` as plain attributes); its backward returns one gradient per input of `forward`
-# (`None` for the non-tensors).
+# (`None` for the non-tensors). Two graded cells: the values and gradients, and what is saved.
 
 # %% exercise="FlashAttention"
 class FlashAttention(torch.autograd.Function):
@@ -486,12 +574,18 @@ class FlashAttention(torch.autograd.Function):
     q, k, v are (B, H, N, d); returns o (B, H, N, d). Saves for backward only q, k, v, o and the
     log-sum-exp (B, H, N): Θ(N d) memory per head instead of the Θ(N²) of standard attention.
 
-    Graded on: float32 inputs with N = 45, 70 or 77 and d = 16 or 32, through apply with causal and both
-    block sizes given, with causal alone and with neither (the defaults); the output must be attached to the
-    autograd graph, and it and the gradients reaching q, k and v are compared with float64 attention and
-    autograd. What forward saves is counted by storage: four (B, H, N, d) tensors and one (B, H, N), all
-    float32, and nothing else. Fused attention, torch's attention layers, NumPy and the course's kernels are
-    refused. Each graded cell may use 60 s and 4 GiB.
+    Graded in two cells, on float32 inputs with N = 45, 70 or 77 and d = 16 or 32, through apply with causal
+    and both block sizes given, with causal alone and with neither (the defaults); the output must be attached
+    to the autograd graph. The memory cell counts once the values cell passes.
+      values: the output and the gradients reaching q, k and v are compared with float64 attention and
+        autograd.
+      memory: what forward saves is counted by storage: four (B, H, N, d) tensors and one (B, H, N), all
+        float32, and nothing else; and once FlashAttention.apply(q, k, v, False, 64, 64) at (B, H, N, d) =
+        (1, 1, 4096, 64) has returned, the process (read from outside it, q, k and v held already) may hold
+        no more than o, lse and a quarter of one N × N float32 tensor beyond what it held before. Defining
+        the class allocates nothing, and a call keeps nothing for later calls.
+    Fused attention, torch's attention layers, NumPy and the course's kernels are refused. Each graded cell
+    may use 60 s and 4 GiB.
     """
 
     ### BEGIN SOLUTION
@@ -510,7 +604,7 @@ class FlashAttention(torch.autograd.Function):
     ### END SOLUTION
 
 
-# %% test="test_FlashAttention" points=2
+# %% test="test_FlashAttention" points=1
 q, k, v = qkv(B=1, H=2, N=45, d=16, seed=5, requires_grad=True)
 do = torch.randn_like(q)
 for causal in (False, True):
@@ -519,6 +613,15 @@ for causal in (False, True):
     refs = torch.autograd.grad(attention_naive(q, k, v, causal)[0], (q, k, v), do)
     for name, g, r in zip(("dq", "dk", "dv"), grads, refs):
         torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-4, msg=f"{name} differs from autograd (causal={causal})")
+o = FlashAttention.apply(q, k, v)  # the defaults: causal=False, blocks of 32
+torch.testing.assert_close(o, attention_naive(q, k, v)[0], atol=1e-5, rtol=1e-4, msg="defaults: causal=False")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_FlashAttention", globals())
+### END HIDDEN TESTS
+
+# %% test="test_FlashAttention_memory" points=1
+q, k, v = qkv(B=1, H=2, N=45, d=16, seed=5, requires_grad=True)
 with saved_tensors() as rec:
     FlashAttention.apply(q, k, v, True)
 expected = 4 * (4 * q.nelement() + q.nelement() // 16)
@@ -526,7 +629,7 @@ assert rec.activation_bytes == expected, \
     f"{rec.activation_bytes} bytes saved for backward, expected {expected}: q, k, v, o and lse only"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
-from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_FlashAttention", globals())
+from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_FlashAttention_memory", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -581,6 +684,14 @@ plt.show()
 # Skip the key blocks a causal program never needs. Rows in the kernel always see key 0 first, so
 # the running max is finite after the first block.
 #
+# **Bounds.** Every load and store of the last, ragged block is masked. A `tl.load` without a mask
+# reads all `BLOCK_N` rows of the block, past the end of the tensor for the last head: masking
+# those scores with -inf afterwards gives the right numbers, but on a GPU the load itself touches
+# memory that is not the tensor's (garbage in the best case, an illegal-address crash in the
+# worst). Out-of-bounds accesses are graded: the grader checks the address of every lane of every
+# load and store the interpreter runs against the tensor it belongs to. Three graded cells: the
+# values, the memory rule and the bounds.
+#
 # The kernel is defined *inside* `flash_attention_triton` so that this cell defines one name; on a
 # GPU, Triton's cache compiles it once. Here it runs in Triton's interpreter, on NumPy, one program
 # after another: slow, but exactly the code that compiles on a GPU.
@@ -592,14 +703,21 @@ def flash_attention_triton(q, k, v, causal=False):
     Returns o (B, H, N, d) = softmax(q kᵀ / sqrt(d)) v, causal if asked. Runs compiled on a GPU and
     in Triton's interpreter on a CPU (blocks of 32 × 32).
 
-    Graded on, in the interpreter: float32 inputs with N = 70 or 100 (a ragged last key block) and d = 16 or
-    32, causal and not, including inputs whose row maxima rise from key block to key block; o is compared
-    with float64 attention and must be finite. The kernel computes the attention: no PyTorch matrix product,
-    einsum, exp, softmax or logsumexp may run during the call. At (B, H, N, d) = (1, 1, 1024, 16), causal,
-    no torch operator may create a tensor of N² elements or more, and the process's memory may rise by less
-    than a quarter of one N × N float32 tensor while the call runs. Defining the function allocates nothing,
-    and a call keeps nothing for later calls (no caches). Fused attention, torch's attention layers, NumPy
-    and the course's kernels are refused. Each graded cell may use 60 s and 4 GiB.
+    Graded in three cells, in the interpreter, on float32 inputs. In every call the kernel computes the
+    attention: no PyTorch matrix product, einsum, exp, softmax or logsumexp may run during the call, nor may
+    any torch operator create a tensor of N² elements or more; either fails the cell. The lanes of a load or
+    store outside the tensor it belongs to are never read or written (a load gives 0 there). The memory and
+    bounds cells count once the values cell passes.
+      values: N = 70 or 100 (a ragged last key block) and d = 16 or 32, causal and not, including inputs whose
+        row maxima rise from key block to key block; o is compared with float64 attention and must be finite.
+      memory: at (B, H, N, d) = (1, 1, 1024, 16), causal, the process's memory may rise by less than a quarter
+        of one N × N float32 tensor while the call runs (read from outside it). Defining the function
+        allocates nothing, and a call keeps nothing for later calls (no caches).
+      bounds: at N = 70 and 100, d = 16 or 32, causal and not, every lane that the mask of a load, store or
+        atomic leaves on must address an element inside the tensor it belongs to (one of the kernel's tensor
+        arguments).
+    Fused attention, torch's attention layers, NumPy and the course's kernels are refused. Each graded cell
+    may use 60 s and 4 GiB.
     """
 
     @triton.jit
@@ -639,7 +757,7 @@ def flash_attention_triton(q, k, v, causal=False):
     return launch_flash_forward(flash_fwd_kernel, q, k, v, causal)
 
 
-# %% test="test_flash_attention_triton" points=3
+# %% test="test_flash_attention_triton" points=1
 q, k, v = qkv(B=1, H=2, N=100, d=16, seed=6)
 for causal in (False, True):
     o = flash_attention_triton(q, k, v, causal)
@@ -650,6 +768,36 @@ for causal in (False, True):
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_triton", globals())
+### END HIDDEN TESTS
+
+# %% test="test_flash_attention_triton_memory" points=1
+q, k, v = qkv(B=1, H=1, N=256, d=16, seed=7)
+with LargestTensor() as big:
+    o = flash_attention_triton(q, k, v, True)
+assert big.elements < 256 * 256, \
+    f"an operator created a tensor of shape {big.shape}: the kernel keeps its tiles on chip, nothing is N × N"
+torch.testing.assert_close(o.double(), attention_naive(q.double(), k.double(), v.double(), True)[0],
+                           atol=2e-5, rtol=1e-4, msg="causal: o differs from standard attention")
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_triton_memory", globals())
+### END HIDDEN TESTS
+
+# %% test="test_flash_attention_triton_bounds" points=1
+# q, k, v live in one buffer, each followed by NaN: a load that runs past the end of v reads NaN into o.
+size_t, guard_t = 2 * 70 * 16, 32 * 16
+buffer_t = torch.full((3, size_t + guard_t), float("nan"))
+q, k, v = (buffer_t[i, :size_t].view(1, 2, 70, 16) for i in range(3))
+for guarded_t, t in zip((q, k, v), qkv(B=1, H=2, N=70, d=16, seed=8)):
+    guarded_t.copy_(t)
+for causal in (False, True):
+    o = flash_attention_triton(q, k, v, causal)
+    assert torch.isfinite(o).all(), \
+        f"causal={causal}: NaN in o, read past the end of v: mask the K and V loads of the last, ragged block " \
+        "(mask=keys[:, None] < N, other=0.0); the grader also checks every address of every load and store"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_triton_bounds", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]

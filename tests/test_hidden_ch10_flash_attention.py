@@ -2,7 +2,11 @@
 
 The correct family here differs from the solution on purpose: FlashAttention-1 loop order (key blocks
 outside, a running state per query row updated in place), the block-local max merged into the running
-one, padding to whole blocks with explicit masks, and a Triton kernel without block skipping.
+one, padding to whole blocks with explicit masks, and a Triton kernel without block skipping. Each
+wrong variant fails the cell of the property it gets wrong, with the hint of that property, and
+passes the other cells of its exercise that do not grade what it gets wrong (at autograde the further
+cells of an exercise count once its first passes, ``grader.api.gates``; in-kernel, as here, every check
+runs on its own).
 """
 import math
 
@@ -18,30 +22,45 @@ from wrong_submissions_ch10_flash_attention import WRONG
 
 CHAPTER = "ch10_flash_attention"
 CHECKS = checks_for(CHAPTER)
-GRADE_IDS = ("test_flash_attention_forward", "test_flash_attention_backward", "test_FlashAttention",
-             "test_flash_attention_triton")
+FORWARD_IDS = ("test_flash_attention_forward", "test_flash_attention_forward_edge_cases",
+               "test_flash_attention_forward_memory")
+BACKWARD_IDS = ("test_flash_attention_backward", "test_flash_attention_backward_edge_cases",
+                "test_flash_attention_backward_memory")
+FUNCTION_IDS = ("test_FlashAttention", "test_FlashAttention_memory")
+TRITON_IDS = ("test_flash_attention_triton", "test_flash_attention_triton_memory", "test_flash_attention_triton_bounds")
+GRADE_IDS = FORWARD_IDS + BACKWARD_IDS + FUNCTION_IDS + TRITON_IDS
 NEG = float("-inf")
+LONG = 1000  # "long" variants switch to what is wrong above this N: only the memory cells use such lengths
 
 
 # --- forward: FlashAttention-1 order, a family of pitfalls behind flags ----------------------------
-def make_forward(rescale=True, guard=True, causal_shift=0, materialise=False, pad_mask=True, local_max=False):
+def make_forward(rescale=True, guard=True, causal_shift=0, materialise=None, pad_mask=True, local_max=False,
+                 keep_dtype=True):
     def forward(q, k, v, causal=False, block_q=32, block_k=32):
         B, H, N, d = q.shape
-        if materialise:  # builds the whole N × N score matrix, then reads it tile by tile
+        out_dtype = q.dtype
+        work = torch.promote_types(q.dtype, torch.float32) if keep_dtype else torch.float32
+        q, k, v = q.to(work), k.to(work), v.to(work)
+        if materialise == "always" or (materialise == "long" and N > LONG):  # the whole N × N score matrix
             full = torch.einsum("bhid,bhjd->bhij", q, k)
+        else:
+            full = None
         tau = d ** -0.5
         pad = (-N) % block_k if not pad_mask else 0
         kp = torch.nn.functional.pad(k, (0, 0, 0, pad))
         vp = torch.nn.functional.pad(v, (0, 0, 0, pad))
-        m = torch.full((B, H, N), NEG)
-        l = torch.zeros(B, H, N)
-        acc = torch.zeros(B, H, N, d)
+        m = torch.full((B, H, N), NEG, dtype=work)
+        l = torch.zeros(B, H, N, dtype=work)
+        acc = torch.zeros(B, H, N, d, dtype=work)
         for j in range(0, kp.shape[2], block_k):
             kj, vj = kp[:, :, j:j + block_k], vp[:, :, j:j + block_k]
             cols = torch.arange(j, j + kj.shape[2])
             for i in range(0, N, block_q):
                 rows = torch.arange(i, min(i + block_q, N))
-                s = (full[:, :, i:i + block_q, j:j + block_k] if materialise else q[:, :, i:i + block_q] @ kj.mT) * tau
+                if full is not None:
+                    s = full[:, :, i:i + block_q, j:j + block_k] * tau
+                else:
+                    s = q[:, :, i:i + block_q] @ kj.mT * tau
                 if causal:
                     s = s.masked_fill(cols[None, :] > rows[:, None] + causal_shift, NEG)
                 sl = slice(i, i + len(rows))
@@ -61,7 +80,8 @@ def make_forward(rescale=True, guard=True, causal_shift=0, materialise=False, pa
                 l[:, :, sl] = a * l[:, :, sl] + p.sum(-1)
                 acc[:, :, sl] = a[..., None] * acc[:, :, sl] + p @ vj
                 m[:, :, sl] = m_new
-        return acc / l[..., None], m + l.log()
+        o = acc / l[..., None]
+        return (o.to(out_dtype) if keep_dtype else o), m + l.log()
 
     return forward
 
@@ -99,8 +119,11 @@ def forward_unnormalised(q, k, v, causal=False, block_q=32, block_k=32):
 
 
 # --- backward: a family ---------------------------------------------------------------------------
-def make_backward(tau_in_grads=True, delta="o", causal_shift=0, materialise=False):
+def make_backward(tau_in_grads=True, delta="o", causal_shift=0, materialise=None, floor_blocks=False,
+                  keep_dtype=True):
     def backward(q, k, v, o, lse, do, causal=False, block_q=32, block_k=32):
+        if not keep_dtype:  # computes and returns float32 whatever comes in
+            q, k, v, o, lse, do = (t.float() for t in (q, k, v, o, lse, do))
         B, H, N, d = q.shape
         tau = 1 / math.sqrt(d)
         if delta == "o":
@@ -108,17 +131,19 @@ def make_backward(tau_in_grads=True, delta="o", causal_shift=0, materialise=Fals
         elif delta == "unnormalised":  # rowsum(dO ∘ Õ) with Õ = Σ_j exp(S_ij) V_j
             D = (do * o * torch.exp(lse)[..., None]).sum(-1)
         else:
-            D = torch.zeros(B, H, N)
-        if materialise:
+            D = torch.zeros(B, H, N, dtype=lse.dtype)
+        if materialise == "always" or (materialise == "long" and N > LONG):
             p_full = torch.exp(q @ k.mT * tau - lse[..., None])
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         g = tau if tau_in_grads else 1.0
-        for i in range(0, N, block_q):
+        q_end = N - N % block_q if floor_blocks else N  # drops the short last blocks
+        k_end = N - N % block_k if floor_blocks else N
+        for i in range(0, q_end, block_q):
             rows = torch.arange(i, min(i + block_q, N))
-            for j in range(0, N, block_k):
+            for j in range(0, k_end, block_k):
                 cols = torch.arange(j, min(j + block_k, N))
                 qi, kj, vj, doi = q[:, :, i:i + block_q], k[:, :, j:j + block_k], v[:, :, j:j + block_k], do[:, :, i:i + block_q]
-                if materialise:
+                if materialise == "always" or (materialise == "long" and N > LONG):
                     p = p_full[:, :, i:i + block_q, j:j + block_k]
                 else:
                     p = torch.exp(qi @ kj.mT * tau - lse[:, :, i:i + block_q, None])
@@ -134,7 +159,7 @@ def make_backward(tau_in_grads=True, delta="o", causal_shift=0, materialise=Fals
 
 
 # --- the autograd Function ------------------------------------------------------------------------
-def make_function(fwd, bwd, save="exact"):
+def make_function(fwd, bwd, save="exact", all_inputs=True):
     class FlashAttention(torch.autograd.Function):
         @staticmethod
         def forward(ctx, q, k, v, causal=False, block_q=32, block_k=32):
@@ -144,6 +169,9 @@ def make_function(fwd, bwd, save="exact"):
             elif save == "probabilities":  # also keeps P, the N × N matrix
                 p = torch.exp(q @ k.mT / math.sqrt(q.shape[-1]) - lse[..., None])
                 ctx.save_for_backward(q, k, v, o, lse, p)
+            elif save == "stash":  # keeps P on ctx, where saved-tensor hooks never see it
+                ctx.save_for_backward(q, k, v, o, lse)
+                ctx.p = torch.exp(q @ k.mT / math.sqrt(q.shape[-1]) - lse[..., None])
             elif save == "no_lse":  # recomputes lse in backward instead
                 ctx.save_for_backward(q, k, v, o)
             ctx.args = (causal, block_q, block_k)
@@ -157,7 +185,8 @@ def make_function(fwd, bwd, save="exact"):
             else:
                 q, k, v, o, lse = ctx.saved_tensors[:5]
             causal, bq, bk = ctx.args
-            return (*bwd(q, k, v, o, lse, do, causal, bq, bk), None, None, None)
+            grads = bwd(q, k, v, o, lse, do, causal, bq, bk)
+            return (*grads, None, None, None) if all_inputs else grads  # one per input of forward, or not
 
     return FlashAttention
 
@@ -180,7 +209,7 @@ class FunctionIgnoringCausal(torch.autograd.Function):
 # --- Triton: an independent kernel (no block skipping, exp2), and wrong ones ------------------------
 def make_triton(variant="ok"):
     def flash_attention_triton(q, k, v, causal=False):
-        if variant == "torch":
+        if variant == "torch" or (variant == "torch_long" and q.shape[-2] > LONG // 2):
             s = q @ k.mT / math.sqrt(q.shape[-1])
             if causal:
                 s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), NEG)
@@ -188,19 +217,29 @@ def make_triton(variant="ok"):
 
         @triton.jit
         def kernel(q_ptr, k_ptr, v_ptr, o_ptr, N, scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, RESCALE: tl.constexpr, SHIFT: tl.constexpr):
+                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, RESCALE: tl.constexpr, SHIFT: tl.constexpr,
+                   MASK_Q: tl.constexpr, MASK_K: tl.constexpr, MASK_V: tl.constexpr, MASK_O: tl.constexpr):
             i = tl.program_id(0)
             off = tl.program_id(1) * N * HEAD_DIM
             r = i * BLOCK_M + tl.arange(0, BLOCK_M)
             c = tl.arange(0, HEAD_DIM)
-            qb = tl.load(q_ptr + off + r[:, None] * HEAD_DIM + c[None, :], mask=r[:, None] < N, other=0.0)
+            if MASK_Q:
+                qb = tl.load(q_ptr + off + r[:, None] * HEAD_DIM + c[None, :], mask=r[:, None] < N, other=0.0)
+            else:
+                qb = tl.load(q_ptr + off + r[:, None] * HEAD_DIM + c[None, :])
             mx = tl.zeros([BLOCK_M], tl.float32) - float("inf")
             den = tl.zeros([BLOCK_M], tl.float32)
             num = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
             for j in range(0, N, BLOCK_N):
                 cc = j + tl.arange(0, BLOCK_N)
-                kb = tl.load(k_ptr + off + cc[:, None] * HEAD_DIM + c[None, :], mask=cc[:, None] < N, other=0.0)
-                vb = tl.load(v_ptr + off + cc[:, None] * HEAD_DIM + c[None, :], mask=cc[:, None] < N, other=0.0)
+                if MASK_K:
+                    kb = tl.load(k_ptr + off + cc[:, None] * HEAD_DIM + c[None, :], mask=cc[:, None] < N, other=0.0)
+                else:  # masked out of the scores below, but the load itself runs past the end of k
+                    kb = tl.load(k_ptr + off + cc[:, None] * HEAD_DIM + c[None, :])
+                if MASK_V:
+                    vb = tl.load(v_ptr + off + cc[:, None] * HEAD_DIM + c[None, :], mask=cc[:, None] < N, other=0.0)
+                else:
+                    vb = tl.load(v_ptr + off + cc[:, None] * HEAD_DIM + c[None, :])
                 x = tl.dot(qb, tl.trans(kb), input_precision="ieee") * (scale * 1.4426950408889634)
                 ok = cc[None, :] < N
                 if CAUSAL:
@@ -214,14 +253,19 @@ def make_triton(variant="ok"):
                 num += tl.dot(w, vb, input_precision="ieee")
                 den = den * f + tl.sum(w, 1)
                 mx = mn
-            tl.store(o_ptr + off + r[:, None] * HEAD_DIM + c[None, :], num / den[:, None], mask=r[:, None] < N)
+            if MASK_O:
+                tl.store(o_ptr + off + r[:, None] * HEAD_DIM + c[None, :], num / den[:, None], mask=r[:, None] < N)
+            else:
+                tl.store(o_ptr + off + r[:, None] * HEAD_DIM + c[None, :], num / den[:, None])
 
         q, k, v = (t.contiguous() for t in (q, k, v))
         B, H, N, d = q.shape
         o = torch.empty_like(q)
         kernel[(triton.cdiv(N, 32), B * H)](q, k, v, o, N, d ** -0.5, HEAD_DIM=d, BLOCK_M=32, BLOCK_N=32,
                                             CAUSAL=causal, RESCALE=variant != "no_rescale",
-                                            SHIFT=1 if variant == "causal_off_by_one" else 0)
+                                            SHIFT=1 if variant == "causal_off_by_one" else 0,
+                                            MASK_Q=variant != "unmasked_q", MASK_K=variant != "unmasked_k",
+                                            MASK_V=variant != "unmasked_v", MASK_O=variant != "unmasked_store")
         return o
 
     return flash_attention_triton
@@ -233,6 +277,11 @@ def namespace(**overrides) -> LocalNamespace:
     ns.update(overrides)
     ns.setdefault("FlashAttention", make_function(ns["flash_attention_forward"], ns["flash_attention_backward"]))
     return LocalNamespace(ns)
+
+
+def _fails(grade_id, ns, message):
+    with pytest.raises(AssertionError, match=message):
+        CHECKS[grade_id](ns)
 
 
 # --- tests -----------------------------------------------------------------------------------------
@@ -248,58 +297,158 @@ def test_correct_implementation_passes(grade_id):
 def test_unguarded_flash1_order_passes():
     """With key blocks outside and every row seeing key 0 first, no running max is ever -inf: correct."""
     ns = namespace(flash_attention_forward=make_forward(guard=False))
-    CHECKS["test_flash_attention_forward"](ns)
-    CHECKS["test_FlashAttention"](ns)
+    for grade_id in FORWARD_IDS[:2] + FUNCTION_IDS[:1]:
+        CHECKS[grade_id](ns)
+
+
+# (wrong forward, the cell it fails, the message, the cells it passes)
+VALUES, EDGE, MEMORY = FORWARD_IDS
+
+
+@pytest.mark.parametrize("wrong, grade_id, message, passes", [
+    (make_forward(rescale=False), VALUES, "multiply what was accumulated", (EDGE, MEMORY)),
+    (forward_unnormalised, VALUES, "plain softmax attention", (MEMORY,)),
+    (make_forward(local_max=True), EDGE, "NaN", (VALUES,)),
+    (forward_reversed, EDGE, "NaN", (VALUES,)),
+    (make_forward(causal_shift=1), EDGE, r"keys 0\.\.i.*row i see key i \+ 1", (VALUES, MEMORY)),
+    (make_forward(causal_shift=-1), EDGE, r"NaN.*keys 0\.\.i", (VALUES,)),
+    (make_forward(pad_mask=False), EDGE, "nothing past N.*padding keys", (VALUES,)),
+    (make_forward(keep_dtype=False), EDGE, "dtype torch.float32, expected torch.float64", (VALUES,)),
+    (make_forward(materialise="long"), MEMORY, "N × N", (VALUES, EDGE)),
+], ids=["no_rescale", "unnormalised", "local_max", "reversed", "causal_plus_one", "causal_minus_one",
+        "unmasked_tail", "dtype", "materialise_long"])
+def test_forward_fails_its_property_only(wrong, grade_id, message, passes):
+    ns = namespace(flash_attention_forward=wrong)
+    _fails(grade_id, ns, message)
+    for other in passes:
+        CHECKS[other](ns)
 
 
 @pytest.mark.parametrize("wrong, message", [
-    (make_forward(rescale=False), "multiply what was accumulated"),
-    (make_forward(local_max=True), "NaN"),
-    (forward_reversed, "NaN"),
-    (make_forward(causal_shift=1), "keys 0..i"),
-    (make_forward(causal_shift=-1), "NaN|keys 0..i"),
-    (make_forward(materialise=True), "N × N"),
-    (make_forward(pad_mask=False), "nothing past N"),
+    (make_forward(materialise="always"), "N × N"),
     (forward_sdpa, "scaled_dot_product_attention"),
-    (forward_unnormalised, "plain softmax attention"),
+], ids=["materialise", "sdpa"])
+def test_forward_shortcuts_fail_every_cell(wrong, message):
+    for grade_id in FORWARD_IDS:
+        _fails(grade_id, namespace(flash_attention_forward=wrong), message)
+
+
+B_VALUES, B_EDGE, B_MEMORY = BACKWARD_IDS
+
+
+@pytest.mark.parametrize("wrong, grade_id, message, passes", [
+    (make_backward(tau_in_grads=False), B_VALUES, "the factor τ is missing", (B_MEMORY,)),
+    (make_backward(delta="unnormalised"), B_VALUES, "normalised output", ()),
+    (make_backward(delta="zero"), B_VALUES, "D = rowsum.*is missing", ()),
+    (make_backward(causal_shift=1), B_EDGE, r"P_ij = 0 for keys j > i.*key i \+ 1", (B_VALUES, B_MEMORY)),
+    (make_backward(floor_blocks=True), B_EDGE, "differs", (B_VALUES,)),
+    (make_backward(keep_dtype=False), B_EDGE, "dtype torch.float32, expected torch.float64", (B_VALUES,)),
+    (make_backward(materialise="long"), B_MEMORY, "N × N", (B_VALUES, B_EDGE)),
+], ids=["no_tau", "delta_unnormalised", "delta_zero", "causal_plus_one", "drops_tail", "dtype", "materialise_long"])
+def test_backward_fails_its_property_only(wrong, grade_id, message, passes):
+    ns = namespace(flash_attention_backward=wrong)
+    _fails(grade_id, ns, message)
+    for other in passes:
+        CHECKS[other](ns)
+
+
+def test_backward_materialising_fails_every_cell():
+    for grade_id in BACKWARD_IDS:
+        _fails(grade_id, namespace(flash_attention_backward=make_backward(materialise="always")), "N × N")
+
+
+F_VALUES, F_MEMORY = FUNCTION_IDS
+
+
+@pytest.mark.parametrize("wrong, grade_id, message, passes", [
+    (make_function(make_forward(), make_backward(), save="probabilities"), F_MEMORY,
+     "exactly q, k, v, o and lse", (F_VALUES,)),
+    (make_function(make_forward(), make_backward(), save="no_lse"), F_MEMORY, "exactly q, k, v, o and lse",
+     (F_VALUES,)),
+    (make_function(make_forward(), make_backward(), save="stash"), F_MEMORY, "read from outside your process",
+     (F_VALUES,)),
+    (make_function(make_forward(), make_backward(tau_in_grads=False)), F_VALUES,
+     "the gradient of q.*same causal flag", (F_MEMORY,)),
+    (FunctionIgnoringCausal, F_VALUES, "same causal flag", (F_MEMORY,)),
+], ids=["saves_p", "no_lse", "stashes_p_on_ctx", "own_wrong_backward", "ignores_causal"])
+def test_function_fails_its_property_only(wrong, grade_id, message, passes):
+    ns = namespace(FlashAttention=wrong)
+    _fails(grade_id, ns, message)
+    for other in passes:
+        CHECKS[other](ns)
+
+
+def test_function_memory_check_does_not_run_backward():
+    """Backward returning three gradients for six inputs raises in autograd: the values cell fails with the
+    student's own error; the memory check (forward and what it saves) does not depend on backward."""
+    ns = namespace(FlashAttention=make_function(make_forward(), make_backward(), all_inputs=False))
+    with pytest.raises(RuntimeError, match="incorrect number of gradients"):
+        CHECKS[F_VALUES](ns)
+    CHECKS[F_MEMORY](ns)
+
+
+def test_function_names_the_students_own_wrong_parts():
+    """When FlashAttention only passes on what the student's own forward or backward gets wrong, the
+    message sends them there rather than to the wiring."""
+    bwd = make_backward(tau_in_grads=False)
+    _fails(F_VALUES, namespace(flash_attention_backward=bwd), "your flash_attention_backward returns this gradient")
+    fwd = forward_unnormalised
+    _fails(F_VALUES, namespace(flash_attention_forward=fwd), "your flash_attention_forward returns this output")
+
+
+T_VALUES, T_MEMORY, T_BOUNDS = TRITON_IDS
+
+
+@pytest.mark.parametrize("variant, grade_id, message, passes", [
+    ("no_rescale", T_VALUES, "multiply what was accumulated", (T_MEMORY, T_BOUNDS)),
+    ("causal_off_by_one", T_VALUES, r"keys 0\.\.i.*row i see key i \+ 1", (T_BOUNDS,)),
+    ("torch_long", T_MEMORY, "must be computed by your Triton kernel", (T_VALUES, T_BOUNDS)),
+    ("unmasked_k", T_BOUNDS, "tl.load of k_ptr addressed .* past the end", (T_VALUES, T_MEMORY)),
+    ("unmasked_v", T_BOUNDS, "tl.load of v_ptr addressed .* past the end", (T_VALUES,)),
+    ("unmasked_q", T_BOUNDS, "tl.load of q_ptr addressed .* past the end", (T_VALUES,)),
+    ("unmasked_store", T_BOUNDS, "tl.store of o_ptr addressed .* past the end", (T_MEMORY,)),  # values: below
 ])
-def test_forward_rejects(wrong, message):
-    with pytest.raises(AssertionError, match=message):
-        CHECKS["test_flash_attention_forward"](namespace(flash_attention_forward=wrong))
+def test_triton_fails_its_property_only(variant, grade_id, message, passes):
+    ns = namespace(flash_attention_triton=make_triton(variant))
+    _fails(grade_id, ns, message)
+    for other in passes:
+        CHECKS[other](ns)
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (make_backward(tau_in_grads=False), "the factor τ is missing"),
-    (make_backward(delta="unnormalised"), "normalised output"),
-    (make_backward(delta="zero"), "D = rowsum"),
-    (make_backward(causal_shift=1), "Pᵀ dO"),
-    (make_backward(materialise=True), "N × N"),
-])
-def test_backward_rejects(wrong, message):
-    with pytest.raises(AssertionError, match=message):
-        CHECKS["test_flash_attention_backward"](namespace(flash_attention_backward=wrong))
+def test_triton_unmasked_store_also_overwrites_the_next_head():
+    """Rows past N of one head are the first rows of the next: an unmasked store is wrong on any device."""
+    _fails(T_VALUES, namespace(flash_attention_triton=make_triton("unmasked_store")), "o for")
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (make_function(make_forward(), make_backward(), save="probabilities"), "exactly q, k, v, o and lse"),
-    (make_function(make_forward(), make_backward(), save="no_lse"), "exactly q, k, v, o and lse"),
-    (make_function(make_forward(), make_backward(tau_in_grads=False)), "gradient of q"),
-    (FunctionIgnoringCausal, "same causal flag"),
-])
-def test_function_rejects(wrong, message):
-    with pytest.raises(AssertionError, match=message):
-        CHECKS["test_FlashAttention"](namespace(FlashAttention=wrong))
+def test_triton_in_torch_fails_every_cell():
+    for grade_id in TRITON_IDS:
+        _fails(grade_id, namespace(flash_attention_triton=make_triton("torch")),
+               "must be computed by your Triton kernel")
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (make_triton("no_rescale"), "multiply what was accumulated"),
-    (make_triton("causal_off_by_one"), "keys 0..i"),
-    (make_triton("torch"), "must be computed by your Triton kernel"),
-])
-def test_triton_rejects(wrong, message):
-    with pytest.raises(AssertionError, match=message):
-        CHECKS["test_flash_attention_triton"](namespace(flash_attention_triton=wrong))
+def test_triton_cells_fail_when_the_interpreter_was_changed(monkeypatch):
+    """A kernel run after Triton's interpreter was changed (its memory accesses rerouted) fails every
+    Triton cell: the probe compares the interpreter with what it saw before any student code ran."""
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpreterBuilder.create_masked_load
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_masked_load",
+                        lambda self, *args: original(self, *args))
+    for grade_id in (T_VALUES, T_BOUNDS):
+        _fails(grade_id, namespace(flash_attention_triton=make_triton("unmasked_k")), "changed Triton's interpreter")
+
+
+def test_triton_bounds_probe_leaves_the_interpreter_as_it_was():
+    from grader import probes
+
+    q, k, v = (torch.randn(1, 1, 70, 16) for _ in range(3))
+    run = probes.ch10_triton_run(make_triton("unmasked_v"), q, k, v, False)
+    assert run["bounds"]["launches"] == 1 and run["bounds"]["outside"] > 0 and run["bounds"]["tampered"] is None
+    assert probes._ch10_changed(probes._CH10_INTERPRETER) is None
+    assert torch.isfinite(run["result"]).all()  # lanes past the end of v read 0, not what lies there
 
 
 # --- the same checks through the sandbox, as at autograde ------------------------------------------
-test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(CHAPTER, WRONG)
+test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(
+    CHAPTER, WRONG, {"FlashAttention": "test_FlashAttention_memory",
+                     "flash_attention_triton": "test_flash_attention_triton_bounds"})

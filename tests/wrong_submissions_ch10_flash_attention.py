@@ -1,4 +1,9 @@
-"""Plausible wrong answers for chapter 10, one per exercise: each must lose points when autograded."""
+"""Plausible wrong answers for chapter 10, one per exercise: each must lose points when autograded.
+
+Each fails one property cell of its exercise: the forward's values (no rescale), the backward's
+gradients (no τ), FlashAttention's memory (it also saves P) and the Triton kernel's bounds (right
+values, but the K block is loaded without a mask).
+"""
 
 WRONG = {
     ("ch10_flash_attention", "flash_attention_forward"): '''
@@ -72,7 +77,8 @@ class FlashAttention(torch.autograd.Function):
 ''',
     ("ch10_flash_attention", "flash_attention_triton"): '''
 def flash_attention_triton(q, k, v, causal=False):
-    """Wrong: the causal mask hides the diagonal (j < i instead of j <= i)."""
+    """Wrong: the K block is loaded without a mask; its rows past N are masked out of the scores, but the
+    load of the last, ragged block reads past the end of k."""
 
     @triton.jit
     def flash_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, N, scale, HEAD_DIM: tl.constexpr,
@@ -87,12 +93,12 @@ def flash_attention_triton(q, k, v, causal=False):
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         for start in range(0, N, BLOCK_N):
             cols = start + tl.arange(0, BLOCK_N)
-            kb = tl.load(k_ptr + head + cols[:, None] * HEAD_DIM + dims[None, :], mask=cols[:, None] < N, other=0.0)
+            kb = tl.load(k_ptr + head + cols[:, None] * HEAD_DIM + dims[None, :])
             vb = tl.load(v_ptr + head + cols[:, None] * HEAD_DIM + dims[None, :], mask=cols[:, None] < N, other=0.0)
             s = tl.dot(q, tl.trans(kb), input_precision="ieee") * scale
             ok = cols[None, :] < N
             if CAUSAL:
-                ok = ok & (cols[None, :] < rows[:, None])
+                ok = ok & (cols[None, :] <= rows[:, None])
             s = tl.where(ok, s, -1.0e30)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             p = tl.exp(s - m_new[:, None])

@@ -1,12 +1,39 @@
-"""Hidden tests of chapter 10 (FlashAttention).
+"""Hidden tests of chapter 10 (FlashAttention), one graded cell per property.
 
-References are naive float64 attention and plain autograd, computed here in the judge. Inputs
-have awkward lengths (N = 37, 70, 77, 100 against blocks of 8..64) so that tails are ragged, and
-one family of inputs ("rising") makes every row's max grow from key block to key block, so a
-missing rescale of the running output cannot hide. What cannot be recomputed from outputs is
-measured in the student's process by trusted probes: the largest tensor any operator creates
-(``probes.ch10_trace``; an N × N tensor means the matrix was materialised) and what autograd saves
-(``probes.ch10_autograd_run``, exact bytes and shapes).
+References are naive float64 attention and plain autograd, computed here in the judge. Inputs have
+awkward lengths (N = 37, 70, 77, 100 against blocks of 8..64) where tails are meant to be ragged,
+lengths that are multiples of the blocks where they are not, and one family of inputs ("rising")
+makes every row's max grow from key block to key block, so that a missing rescale of the running
+output cannot hide. A wrong value is matched against the plausible mistakes, recomputed here (no
+rescale, keys past N entering the sums, the causal mask one key off; τ missing in dq and dk, D = 0
+or D from the unnormalised output), so that the message names the property that failed.
+
+flash_attention_forward:
+- values (test_flash_attention_forward): non-causal, N a multiple of both block sizes: one block
+  covering everything, several key blocks with rising maxima, block_q above and below block_k;
+- edge cases: ragged last blocks (a block larger than N included), causal (the diagonal inside tiles,
+  whole rows of a tile masked when block_q > block_k, the reverse), float64 inputs (o and lse
+  float64, float64 tolerances) and float16 inputs (o float16, lse float32), on inputs whose row
+  maxima fall along the keys ("falling"), so that a missing rescale, the values cell's, cannot interfere;
+- memory: at (B, H, N, d) = (1, 1, 4096, 64), blocks of 128, no operator creates N² elements and the
+  process's peak, read from outside it, rises by less than a quarter of one N × N float32 tensor.
+flash_attention_backward: gradients / edge cases / memory, split the same way.
+FlashAttention: values (output attached, values and gradients through apply, every argument form) and
+memory (the storages saved for backward, counted in the student's process, and what the graph holds
+after the forward call at N = 4096, read from outside it).
+flash_attention_triton: values, memory (N = 1024, causal) and bounds (every address of every load and
+store of the interpreted kernel lies inside the tensor it reads or writes).
+
+Each further cell of an exercise grades its own property only (no values in the memory and bounds cells):
+autograde counts it once the exercise's first cell passes (``grader.api.gates``).
+Shortcuts are refused in every cell of their exercise, as they were when each exercise had one cell:
+every forward and backward cell first traces two calls at N = 128 (causal and not), where a tensor of
+N² elements or fused attention fails it; every Triton call runs under ``probes.ch10_triton_run``,
+where PyTorch attention math during the call fails it. That probe also keeps every lane outside a
+tensor from being read or written, so results never depend on what lies past a tensor; only the
+bounds cell fails on such lanes. Op traces and the address checks are measured in the student's
+process (claims, kept honest by the source policy and the probe's own check of Triton's
+interpreter); the memory bounds are read from outside it.
 """
 from __future__ import annotations
 
@@ -40,6 +67,16 @@ SOURCE_POLICY = SourcePolicy(modules=("triton",), refused=("numpy",), shortcuts=
 
 TOL = dict(atol=2e-5, rtol=1e-4)  # float32 tiles against float64: only the summation order differs
 GRAD_TOL = dict(atol=1e-4, rtol=1e-3)
+DTYPE_TOL = {torch.float32: TOL, torch.float64: dict(atol=1e-10, rtol=1e-8),  # float64 accumulation
+             torch.float16: dict(atol=1e-2, rtol=1e-2)}  # o rounded to float16
+GRAD_DTYPE_TOL = {torch.float32: GRAD_TOL, torch.float64: dict(atol=1e-10, rtol=1e-8)}
+MISTAKE_TOL = dict(atol=1e-4, rtol=1e-3)  # a result "is" a known mistake within this
+GATE_N = 128  # the shortcut gate of every forward and backward cell: B·H·N·d < N², no ragged block
+
+ONLINE_HINT = ("the online softmax: for each key block, m' = max(m, rowmax S), P = exp(S − m'), "
+               "l' = exp(m − m') l + rowsum P, Õ' = exp(m − m') Õ + P V; at the end o = Õ / l")
+SINGLE_BLOCK_HINT = ("with a single block this is plain softmax attention, softmax(q kᵀ / sqrt(d)) v, over the N "
+                     "keys: o = Õ / l (divided by the running sum), scores scaled by 1/sqrt(d)")
 RESCALE_HINT = ("with one key block it is right, with several it is not: when a new key block raises a row's "
                 "running max from m to m', multiply what was accumulated (the running sum l and the running "
                 "output) by exp(m - m') before adding the new block's terms")
@@ -47,10 +84,16 @@ CAUSAL_HINT = ("with causal=True query i attends to keys 0..i, its own position 
                "columns j > i (and only those) with -inf before the max and the exponential")
 NAN_HINT = ("a row whose scores in a tile are all masked has max -inf, and exp(-inf - (-inf)) is NaN: "
             "subtract 0 instead of the max for such rows (or keep the running max finite) so that their "
-            "weights are exactly 0")
+            "weights are exactly 0; with causal=True row i always sees keys 0..i, itself included")
+OVERFLOW_HINT = ("exponentiate the scores minus the running max (every exponent ≤ 0, nothing overflows) and "
+                 "divide by the running sum over every key of the row, which is never 0")
 TAIL_HINT = ("N is not a multiple of the block sizes: the last query and key blocks are shorter; "
              "slices stop at N by themselves, and nothing past N may enter a sum")
 LSE_HINT = "lse is the log-sum-exp of each row's (masked, scaled) scores: m + log(l) after the last key block"
+DTYPE_HINT = ("o has the dtype of q; accumulate in torch.promote_types(q.dtype, torch.float32) (float32, or "
+              "float64 for float64 inputs) and return lse in that dtype")
+GRAD_DTYPE_HINT = ("each gradient has the dtype of its input; accumulate in torch.promote_types(q.dtype, "
+                   "torch.float32) (float64 for float64 inputs), then convert")
 NN_HINT = ("the tiled algorithm never creates a tensor of N × N elements (not even a boolean mask): "
            "compute scores, masks and probabilities one (block_q × block_k) tile at a time")
 SDPA_HINT = "write the tiled loop yourself; torch's scaled_dot_product_attention does not count"
@@ -58,28 +101,47 @@ SCALE_HINT = ("S = τ q kᵀ with τ = 1/sqrt(d), so dq = τ dS k and dk = τ dS
               "(or applied twice)")
 DELTA_HINT = ("dS = P ∘ (dP − D) with D = rowsum(dO ∘ O), O being the normalised output o you are given "
               "(not the running, unnormalised one)")
+DELTA_ZERO_HINT = ("dS = P ∘ (dP − D): the row term D = rowsum(dO ∘ O) is missing; it comes from the softmax's "
+                   "normaliser and is computed once, before the loop, from o and dO")
 DV_HINT = ("dv = Pᵀ dO, with P = exp(τ q kᵀ − lse) recomputed for each tile from the saved log-sum-exp "
            "(masked entries exactly 0)")
+GRAD_NAN_HINT = ("P = exp(τ q kᵀ − lse) for each tile, its masked entries exactly 0 (exp(-inf) = 0); with "
+                 "lse finite nothing overflows")
+CAUSAL_GRAD_HINT = ("with causal=True, P_ij = 0 for keys j > i (and only those) in every tile: dv = Pᵀ dO, and "
+                    "dS = P ∘ (dP − D) is 0 where P is")
 SAVE_HINT = ("FlashAttention.forward saves exactly q, k, v, o and lse with ctx.save_for_backward, nothing "
              "else (no scores, no probabilities, no copies); the block sizes and causal go on ctx as attributes")
+KERNEL_HINT = ("masked scores are -inf before the max (columns ≥ N, and after the row if causal); rows see key 0 "
+               "first, so the running max is finite after the first block")
+BOUNDS_HINT = ("every load and store of the last, ragged block needs a mask: mask=keys[:, None] < N with other=0.0 "
+               "for the K and V blocks, mask=rows[:, None] < N for the Q block and the output. Masking the scores "
+               "afterwards does not undo a load that already read past the end")
 
 
 # --- inputs and references -------------------------------------------------------------------------
-def _qkv(B, H, N, d, seed, rising=False):
+RISING, FALLING = 4.0, -4.0  # drifts of the keys
+
+
+def _qkv(B, H, N, d, seed, drift=0.0):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, H, N, d, generator=g) for _ in range(3))
-    if rising:  # positive queries, keys drifting upwards: each row's max grows along the keys
-        q = q.abs()
-        k = 0.5 * k + 4.0 * torch.arange(N, dtype=torch.float32)[:, None] / N
+    if drift:  # positive queries, keys drifting up (RISING: each row's max grows from key block to key
+        q = q.abs()  # block, so a missing rescale shows) or down (FALLING: the first block holds the max, so
+        k = 0.5 * k + drift * torch.arange(N, dtype=torch.float32)[:, None] / N  # a missing rescale cannot)
     return q, k, v
 
 
-def _reference(q, k, v, causal):
+def _causal_mask(n, shift=0):
+    """True where key j is hidden from query i: j > i + shift (shift 0 is the causal mask)."""
+    return torch.arange(n)[None, :] > torch.arange(n)[:, None] + shift
+
+
+def _reference(q, k, v, causal, shift=0):
     q, k, v = (t.double() for t in (q, k, v))
     n, d = q.shape[-2:]
     s = q @ k.transpose(-2, -1) / math.sqrt(d)
     if causal:
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        s = s.masked_fill(_causal_mask(n, shift), float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     return torch.exp(s - lse[..., None]) @ v, lse
 
@@ -90,15 +152,109 @@ def _reference_grads(q, k, v, do, causal):
     return torch.autograd.grad(o, ins, do.double())
 
 
-def _finite(t, name, where):
+# --- plausible mistakes, recomputed here to name the one made ------------------------------------
+def _no_rescale(q, k, v, causal, bq, bk, rescale_sum):
+    """The tiled forward without the exp(m − m') rescale of the running output (and of the running sum
+    unless ``rescale_sum``), in float64."""
+    q, k, v = (t.double() for t in (q, k, v))
+    n, d = q.shape[-2:]
+    o, lse = torch.empty_like(q), torch.empty(q.shape[:-1], dtype=torch.float64)
+    for i in range(0, n, bq):
+        qi = q[..., i:i + bq, :] / math.sqrt(d)
+        rows = torch.arange(i, i + qi.shape[-2])
+        m = torch.full(qi.shape[:-1], float("-inf"), dtype=torch.float64)
+        l, acc = torch.zeros_like(m), torch.zeros_like(qi)
+        for j in range(0, n, bk):
+            s = qi @ k[..., j:j + bk, :].transpose(-2, -1)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows[:, None], float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            shift = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - shift[..., None])
+            l = (torch.exp(m - shift) * l if rescale_sum else l) + p.sum(-1)
+            acc = acc + p @ v[..., j:j + bk, :]
+            m = m_new
+        o[..., i:i + bq, :], lse[..., i:i + bq] = acc / l[..., None], m + torch.log(l)
+    return o, lse
+
+
+def _padded_keys(q, k, v, bk):
+    """Keys padded with zeros to a multiple of ``bk`` and left unmasked (non-causal): each padded key adds
+    exp(0 − m) to a row's sum and nothing to its output."""
+    pad = (-q.shape[-2]) % bk
+    if pad == 0:
+        return None
+    q, k, v = (t.double() for t in (q, k, v))
+    k = torch.cat([k, k.new_zeros(*k.shape[:-2], pad, k.shape[-1])], dim=-2)
+    v = torch.cat([v, v.new_zeros(*v.shape[:-2], pad, v.shape[-1])], dim=-2)
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.exp(s - lse[..., None]) @ v, lse
+
+
+def _forward_mistakes(q, k, v, causal, bq, bk) -> dict:
+    """hint -> (o, lse) of a plausible wrong forward on these inputs."""
+    found = {RESCALE_HINT: _no_rescale(q, k, v, causal, bq, bk, rescale_sum=False),
+             f"{RESCALE_HINT} (the running output was not rescaled, the running sum was)":
+                 _no_rescale(q, k, v, causal, bq, bk, rescale_sum=True)}
+    if causal:
+        found[f"{CAUSAL_HINT}: your mask lets row i see key i + 1"] = _reference(q, k, v, True, shift=1)
+    else:
+        padded = _padded_keys(q, k, v, bk)
+        if padded is not None:
+            found[f"{TAIL_HINT}: your last key block counts padding keys in the running sum"] = padded
+    return found
+
+
+def _mistakes_of(q, k, v, causal, bq, bk, index):
+    """A function giving hint -> o (index 0) or lse (index 1) of the plausible wrong forwards, computed only
+    when a comparison fails."""
+    return lambda: {hint: found[index] for hint, found in _forward_mistakes(q, k, v, causal, bq, bk).items()}
+
+
+def _grad_formula(q, k, v, do, causal, delta="o", shift=0):
+    """dq, dk, dv from the FlashAttention formulas in float64, with D = rowsum(dO ∘ O) ("o"), 0 ("zero") or
+    rowsum(dO ∘ O) · exp(lse) ("unnormalised"), and P masked for keys j > i + ``shift``."""
+    q, k, v, do = (t.double() for t in (q, k, v, do))
+    n, d = q.shape[-2:]
+    tau = 1 / math.sqrt(d)
+    o, lse = _reference(q, k, v, causal)
+    s = q @ k.transpose(-2, -1) * tau
+    if causal:
+        s = s.masked_fill(_causal_mask(n, shift), float("-inf"))
+    p = torch.exp(s - lse[..., None])
+    D = {"o": (do * o).sum(-1), "zero": torch.zeros_like(lse), "unnormalised": (do * o).sum(-1) * torch.exp(lse)}[delta]
+    ds = p * (do @ v.transpose(-2, -1) - D[..., None])
+    return tau * ds @ k, tau * ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ do
+
+
+def _is(got, candidate) -> bool:
+    return (isinstance(got, torch.Tensor) and isinstance(candidate, torch.Tensor) and got.shape == candidate.shape
+            and same_close(got.double(), candidate.double(), **MISTAKE_TOL))
+
+
+# --- comparisons -------------------------------------------------------------------------------------
+def _finite(t, name, where, hint=NAN_HINT):
     if isinstance(t, torch.Tensor) and not torch.isfinite(t).all():
         bad = (~torch.isfinite(t)).nonzero()[0].tolist()
-        raise AssertionError(f"{where}: {name} contains NaN or inf (first at index {tuple(bad)}). {NAN_HINT}")
+        raise AssertionError(f"{where}: {name} contains NaN or inf (first at index {tuple(bad)}). {hint}")
 
 
-def _close(got, ref, name, where, hint, tol=TOL):
-    _finite(got, name, where)
-    check_close(got, ref.float(), f"{name} {where}", hint, **tol)
+def _check_dtype(got, dtype, name, where, hint):
+    if isinstance(got, torch.Tensor) and got.dtype != dtype:
+        raise AssertionError(f"{where}: {name} has dtype {got.dtype}, expected {dtype}. {hint}")
+
+
+def _close(got, ref, name, where, hint, tol=TOL, mistakes=None, nan_hint=NAN_HINT):
+    """check_close against ``ref`` (already in the expected dtype); when it fails and ``got`` is one of
+    ``mistakes`` (hint -> value), that mistake's hint replaces ``hint``."""
+    _finite(got, name, where, nan_hint)
+    if isinstance(got, torch.Tensor) and got.shape == ref.shape and not same_close(got.double(), ref.double(), **tol):
+        for mistake_hint, candidate in (mistakes() if callable(mistakes) else mistakes or {}).items():
+            if _is(got, candidate):
+                hint = mistake_hint
+                break
+    check_close(got, ref, f"{name} {where}", hint, **tol)
 
 
 def _trace(nb, fn_name, *args):
@@ -111,161 +267,375 @@ def _pair(result, where, what):
     return result
 
 
-def _check_no_nxn(traced, n, where):
+def _check_fused(traced, where):
     if any("scaled_dot_product" in op for op in traced["ops"]):
         raise AssertionError(f"{where}: scaled_dot_product_attention was called. {SDPA_HINT}")
+
+
+def _check_no_nxn(traced, n, where):
+    _check_fused(traced, where)
     if traced["max_elements"] >= n * n:
         raise AssertionError(f"{where}: a tensor of shape {tuple(traced['max_shape'])} "
                              f"({traced['max_elements']:,} elements ≥ N² = {n * n:,}) was created. {NN_HINT}")
 
 
-# --- forward -----------------------------------------------------------------------------------------
-def _forward_case(nb, shape, causal, bq, bk, seed, rising=False, hint=""):
-    q, k, v = _qkv(*shape, seed=seed, rising=rising)
-    where = f"for (B, H, N, d) = {shape}, causal={causal}, block_q={bq}, block_k={bk}"
-    traced = _trace(nb, "flash_attention_forward", q, k, v, causal, bq, bk)
-    o, lse = _pair(traced["result"], where, ("o", "lse"))
-    o_ref, lse_ref = _reference(q, k, v, causal)
-    _close(o, o_ref, "o", where, hint)
-    _close(lse, lse_ref, "lse", where, LSE_HINT)
-    return traced
-
-
-@hidden_test("test_flash_attention_forward")
-def check_flash_attention_forward(nb):
-    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
-    # One block covers everything: plain softmax attention, no online update involved.
-    _forward_case(nb, (2, 3, 37, 16), False, 64, 64, seed=1, hint="with a single block this is plain softmax "
-                  "attention, softmax(q kᵀ / sqrt(d)) v, over the N keys: the block is larger than N, and "
-                  "nothing past N may enter a sum")
-    # Several key blocks, every row's max rising along them.
-    _forward_case(nb, (1, 2, 37, 16), False, 64, 8, seed=2, rising=True, hint=RESCALE_HINT)
-    _forward_case(nb, (2, 2, 100, 16), False, 32, 32, seed=3, rising=True, hint=RESCALE_HINT)
-    # Causal: diagonal inside tiles, whole rows masked in a tile (block_q > block_k), the reverse.
-    _forward_case(nb, (1, 3, 100, 16), True, 32, 32, seed=5, hint=CAUSAL_HINT)
-    _forward_case(nb, (2, 2, 70, 16), True, 32, 16, seed=6, hint=CAUSAL_HINT)
-    _forward_case(nb, (1, 2, 70, 16), True, 16, 32, seed=7, rising=True, hint=CAUSAL_HINT)
-    _forward_case(nb, (1, 1, 37, 16), True, 64, 8, seed=8, hint=CAUSAL_HINT)
-    # Ragged tails with blocks of different sizes, and never an N × N tensor (N = 100 > d, B·H·N·d < N²).
+def _gate(nb, fn_name, make_args):
+    """The shortcut gate of every forward and backward cell: traced calls at N = GATE_N, causal and not."""
     for causal in (False, True):
-        traced = _forward_case(nb, (1, 2, 100, 16), causal, 32, 16, seed=9, hint=CAUSAL_HINT if causal else TAIL_HINT)
-        _check_no_nxn(traced, 100, f"in flash_attention_forward (N = 100, causal={causal})")
-    _check_peak(nb, meter, "flash_attention_forward", 4096, lambda q, k, v: (q, k, v, False, 64, 64))
+        traced = _trace(nb, fn_name, *make_args(causal))
+        _check_no_nxn(traced, GATE_N, f"in {fn_name} (N = {GATE_N}, causal={causal}, blocks 32 and 16)")
 
 
-def _check_peak(nb, meter: Meter, fn_name: str, n: int, args, d: int = 64) -> dict:
-    """One call on N = n, traced, with the memory the process reaches while it runs read from outside
-    it: no N × N tensor exists at any moment, whatever the code does to hide it from the op trace."""
+def _check_peak(nb, meter: Meter, fn_name: str, n: int, make_args, warm, probe=probes.ch10_trace, d: int = 64,
+                after=None, inputs: int = 3) -> dict:
+    """One call on N = n (arguments made in the student's process by ``make_args``), traced, with the memory
+    the process reaches while it runs read from outside it: no N × N tensor exists at any moment, whatever
+    the code does to hide it from the op trace. ``warm()`` first: a smaller call, its values checked, that
+    runs every code path once (the first call loads code pages)."""
     fn = nb[fn_name]
-    q, k, v = meter.judge(lambda: [fresh_tensor(nb, (1, 1, n, d), requires_grad=False) for _ in range(3)])
-    # Warm up on every code path (several blocks, traced): the first call loads code pages.
-    nb.apply(probes.ch10_trace, fn, *args(*(fresh_tensor(nb, (1, 1, 256, d), requires_grad=False) for _ in range(3))))
-    held, traced = meter.held_by(lambda: nb.apply(probes.ch10_trace, fn, *args(q, k, v)))
+    args = meter.judge(make_args)
+    warm()
+    held, traced = meter.held_by(lambda: nb.apply(probe, fn, *args))
     where = f"{fn_name} on (B, H, N, d) = (1, 1, {n}, {d})"
+    if after is not None:
+        after(traced, f"for {where}")
     _check_no_nxn(traced, n, f"in {where}")
     square = n * n * 4
     if held.peak >= square // 4:
         raise AssertionError(
             f"{where}: while it ran, your process grew by {mib(held.peak)} (read from outside your process); one "
-            f"N × N float32 tensor is {mib(square)}, the inputs together {mib(3 * n * d * 4)}. {NN_HINT}")
+            f"N × N float32 tensor is {mib(square)}, the inputs together {mib(inputs * n * d * 4)}. {NN_HINT}")
     return traced
+
+
+# --- forward -----------------------------------------------------------------------------------------
+def _forward_case(nb, shape, causal, bq, bk, seed, drift=0.0, hint=ONLINE_HINT, dtype=torch.float32):
+    q, k, v = (t.to(dtype) for t in _qkv(*shape, seed=seed, drift=drift))
+    kind = "" if dtype == torch.float32 else f" {str(dtype).removeprefix('torch.')}"
+    where = f"for{kind} (B, H, N, d) = {shape}, causal={causal}, block_q={bq}, block_k={bk}"
+    traced = _trace(nb, "flash_attention_forward", q, k, v, causal, bq, bk)
+    _check_fused(traced, where)
+    o, lse = _pair(traced["result"], where, ("o", "lse"))
+    o_ref, lse_ref = _reference(q, k, v, causal)
+    work = torch.promote_types(dtype, torch.float32)
+    _check_dtype(o, dtype, "o", where, DTYPE_HINT)
+    _check_dtype(lse, work, "lse", where, DTYPE_HINT)
+    tol = DTYPE_TOL[dtype]
+    nan_hint = NAN_HINT if causal else OVERFLOW_HINT
+    _close(o, o_ref.to(dtype), "o", where, hint, tol, _mistakes_of(q, k, v, causal, bq, bk, 0), nan_hint)
+    _close(lse, lse_ref.to(work), "lse", where, LSE_HINT, tol, _mistakes_of(q, k, v, causal, bq, bk, 1), nan_hint)
+    return traced
+
+
+def _forward_gate(nb):
+    q, k, v = _qkv(1, 2, GATE_N, 16, seed=9)
+    _gate(nb, "flash_attention_forward", lambda causal: (q, k, v, causal, 32, 16))
+
+
+@hidden_test("test_flash_attention_forward")
+def check_forward_values(nb):
+    _forward_gate(nb)
+    # Non-causal, N a multiple of the blocks: one block covering everything (plain softmax attention), then
+    # several key blocks with every row's max rising along them, block_q above and below block_k.
+    _forward_case(nb, (2, 3, 64, 16), False, 64, 64, seed=1, hint=SINGLE_BLOCK_HINT)
+    _forward_case(nb, (1, 2, 64, 16), False, 64, 8, seed=2, drift=RISING, hint=RESCALE_HINT)
+    _forward_case(nb, (2, 2, 96, 16), False, 32, 32, seed=3, drift=RISING, hint=RESCALE_HINT)
+    _forward_case(nb, (1, 2, 96, 16), False, 16, 32, seed=4)
+
+
+@hidden_test("test_flash_attention_forward_edge_cases")
+def check_forward_edge_cases(nb):
+    _forward_gate(nb)
+    # Where there are several key blocks, every row's max is in its first one (FALLING): the rescale, graded
+    # by the values cell, cannot interfere here.
+    # Ragged last blocks: a block larger than N, several blocks with a short last one.
+    _forward_case(nb, (2, 3, 37, 16), False, 64, 64, seed=11, hint=TAIL_HINT)
+    _forward_case(nb, (1, 2, 37, 16), False, 64, 8, seed=12, drift=FALLING, hint=TAIL_HINT)
+    _forward_case(nb, (2, 2, 100, 16), False, 32, 32, seed=13, drift=FALLING, hint=TAIL_HINT)
+    _forward_case(nb, (1, 2, 100, 16), False, 32, 16, seed=14, drift=FALLING, hint=TAIL_HINT)
+    # Causal: the diagonal inside tiles, whole rows of a tile masked (block_q > block_k), the reverse.
+    _forward_case(nb, (1, 3, 96, 16), True, 32, 32, seed=15, drift=FALLING, hint=CAUSAL_HINT)
+    _forward_case(nb, (2, 2, 70, 16), True, 32, 16, seed=16, drift=FALLING, hint=CAUSAL_HINT)
+    _forward_case(nb, (1, 2, 70, 16), True, 16, 32, seed=17, drift=FALLING, hint=CAUSAL_HINT)
+    _forward_case(nb, (1, 1, 37, 16), True, 64, 8, seed=18, drift=FALLING, hint=CAUSAL_HINT)
+    _forward_case(nb, (1, 2, 100, 16), True, 32, 16, seed=19, drift=FALLING, hint=CAUSAL_HINT)
+    # The dtypes the docstring promises: float64 accumulates in float64, float16 in float32.
+    _forward_case(nb, (1, 2, 70, 16), True, 32, 16, seed=20, drift=FALLING, dtype=torch.float64, hint=DTYPE_HINT)
+    _forward_case(nb, (1, 2, 70, 16), False, 32, 16, seed=21, drift=FALLING, dtype=torch.float16, hint=DTYPE_HINT)
+
+
+@hidden_test("test_flash_attention_forward_memory")
+def check_forward_memory(nb):
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
+    _forward_gate(nb)
+    n, d = 4096, 64
+    _check_peak(nb, meter, "flash_attention_forward", n,
+                lambda: [*(fresh_tensor(nb, (1, 1, n, d), requires_grad=False) for _ in range(3)), False, 128, 128],
+                warm=lambda: _trace(nb, "flash_attention_forward", *_qkv(1, 1, 256, d, seed=22), False, 128, 128))
 
 
 # --- backward ----------------------------------------------------------------------------------------
-def _backward_case(nb, shape, causal, bq, bk, seed):
-    q, k, v = _qkv(*shape, seed=seed)
-    do = torch.randn(shape, generator=torch.Generator().manual_seed(seed + 100))
-    o, lse = (t.float() for t in _reference(q, k, v, causal))
-    where = f"for (B, H, N, d) = {shape}, causal={causal}, block_q={bq}, block_k={bk}"
+def _backward_case(nb, shape, causal, bq, bk, seed, dtype=torch.float32):
+    q, k, v = (t.to(dtype) for t in _qkv(*shape, seed=seed))
+    do = torch.randn(shape, generator=torch.Generator().manual_seed(seed + 100)).to(dtype)
+    o, lse = _reference(q, k, v, causal)
+    o, lse = o.to(dtype), lse.to(torch.promote_types(dtype, torch.float32))
+    kind = "" if dtype == torch.float32 else f" {str(dtype).removeprefix('torch.')}"
+    where = f"for{kind} (B, H, N, d) = {shape}, causal={causal}, block_q={bq}, block_k={bk}"
     traced = _trace(nb, "flash_attention_backward", q, k, v, o, lse, do, causal, bq, bk)
+    _check_fused(traced, where)
     grads = _pair(traced["result"], where, ("dq", "dk", "dv"))
     refs = _reference_grads(q, k, v, do, causal)
     for name, g in zip(("dq", "dk", "dv"), grads):
-        _finite(g, name, where)
-    _close(grads[2], refs[2], "dv", where, DV_HINT, GRAD_TOL)
+        _check_dtype(g, dtype, name, where, GRAD_DTYPE_HINT)
+        _finite(g, name, where, GRAD_NAN_HINT)
+    tol = GRAD_DTYPE_TOL[dtype]
+
+    def mistakes(index):
+        def found():
+            out = {DELTA_ZERO_HINT: _grad_formula(q, k, v, do, causal, delta="zero")[index],
+                   DELTA_HINT: _grad_formula(q, k, v, do, causal, delta="unnormalised")[index]}
+            if causal:
+                out[f"{CAUSAL_GRAD_HINT}; yours lets row i see key i + 1"] = _grad_formula(
+                    q, k, v, do, True, shift=1)[index]
+            return out
+        return found
+
+    _close(grads[2], refs[2].to(dtype), "dv", where, f"{DV_HINT}; {CAUSAL_GRAD_HINT}" if causal else DV_HINT, tol,
+           mistakes(2), GRAD_NAN_HINT)
     d = shape[-1]
-    for name, g, r in zip(("dq", "dk"), grads[:2], refs[:2]):
+    for index, name, g, r in zip((0, 1), ("dq", "dk"), grads[:2], refs[:2]):
         if isinstance(g, torch.Tensor) and g.shape == r.shape:
             for factor in (math.sqrt(d), 1 / math.sqrt(d)):  # τ missing, or applied twice
-                if same_close(g.double(), r * factor, atol=1e-4, rtol=1e-3):
+                if same_close(g.double(), r * factor, **MISTAKE_TOL):
                     raise AssertionError(f"{name} {where} is the reference times {factor:.3g}. {SCALE_HINT}")
-        _close(g, r, name, where, f"{DELTA_HINT}; {CAUSAL_HINT}" if causal else DELTA_HINT, GRAD_TOL)
+        _close(g, r.to(dtype), name, where, f"{DELTA_HINT}; {CAUSAL_GRAD_HINT}" if causal else DELTA_HINT, tol,
+               mistakes(index), GRAD_NAN_HINT)
     return traced
 
 
+def _backward_gate(nb):
+    q, k, v = _qkv(1, 2, GATE_N, 16, seed=10)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(110))
+
+    def args(causal):
+        o, lse = (t.float() for t in _reference(q, k, v, causal))
+        return q, k, v, o, lse, do, causal, 32, 16
+
+    _gate(nb, "flash_attention_backward", args)
+
+
 @hidden_test("test_flash_attention_backward")
-def check_flash_attention_backward(nb):
-    _backward_case(nb, (1, 2, 37, 16), False, 64, 64, seed=11)  # one tile
-    _backward_case(nb, (2, 2, 100, 16), False, 32, 32, seed=12)
-    _backward_case(nb, (1, 3, 77, 16), True, 32, 16, seed=14)
-    _backward_case(nb, (2, 1, 70, 16), True, 16, 32, seed=15)
-    traced = _backward_case(nb, (1, 2, 100, 16), True, 32, 32, seed=16)
-    _check_no_nxn(traced, 100, "in flash_attention_backward (N = 100, causal=True)")
-    traced = _backward_case(nb, (1, 2, 100, 16), False, 32, 16, seed=17)
-    _check_no_nxn(traced, 100, "in flash_attention_backward (N = 100, causal=False)")
+def check_backward_values(nb):
+    _backward_gate(nb)
+    # Non-causal, N a multiple of the blocks: one tile covering everything, then several of each.
+    _backward_case(nb, (1, 2, 64, 16), False, 64, 64, seed=11)
+    _backward_case(nb, (2, 2, 96, 16), False, 32, 32, seed=12)
+    _backward_case(nb, (1, 2, 96, 16), False, 16, 32, seed=13)
+    _backward_case(nb, (1, 3, 96, 16), False, 32, 16, seed=14)
+
+
+@hidden_test("test_flash_attention_backward_edge_cases")
+def check_backward_edge_cases(nb):
+    _backward_gate(nb)
+    # Ragged last blocks (one block larger than N), then causal with block_q above, equal to and below block_k.
+    _backward_case(nb, (1, 2, 37, 16), False, 64, 64, seed=21)
+    _backward_case(nb, (2, 2, 100, 16), False, 32, 32, seed=22)
+    _backward_case(nb, (1, 2, 96, 16), True, 32, 32, seed=23)
+    _backward_case(nb, (1, 3, 77, 16), True, 32, 16, seed=24)
+    _backward_case(nb, (2, 1, 70, 16), True, 16, 32, seed=25)
+    _backward_case(nb, (1, 2, 100, 16), True, 32, 32, seed=26)
+    # float64 inputs: float64 gradients, accumulated in float64.
+    _backward_case(nb, (1, 2, 70, 16), True, 32, 16, seed=27, dtype=torch.float64)
+
+
+@hidden_test("test_flash_attention_backward_memory")
+def check_backward_memory(nb):
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
+    _backward_gate(nb)
+    n, d = 4096, 64
+
+    def make_args():  # q, k, v, o, lse, do: values are irrelevant here, only the memory is read
+        big = [fresh_tensor(nb, (1, 1, n, d), requires_grad=False) for _ in range(4)]
+        return [*big, fresh_tensor(nb, (1, 1, n), requires_grad=False),
+                fresh_tensor(nb, (1, 1, n, d), requires_grad=False), False, 128, 128]
+
+    q, k, v = _qkv(1, 1, 256, d, seed=28)
+    o, lse = (t.float() for t in _reference(q, k, v, False))
+    _check_peak(nb, meter, "flash_attention_backward", n, make_args, inputs=5,
+                warm=lambda: _trace(nb, "flash_attention_backward", q, k, v, o, lse, torch.ones_like(o), False, 128,
+                                    128))
 
 
 # --- the autograd Function -----------------------------------------------------------------------
-def _function_case(nb, shape, seed, *extra):
+def _function_where(shape, extra):
+    args = ", ".join(["q", "k", "v", *map(str, extra)])
+    return f"for FlashAttention.apply({args}) with (B, H, N, d) = {shape}"
+
+
+def _function_run(nb, shape, seed, extra, backward=True):
+    """Forward (and backward) through FlashAttention.apply; the output checked attached (and, with
+    ``backward``, right)."""
     causal = bool(extra[0]) if extra else False
     q, k, v = _qkv(*shape, seed=seed)
     do = torch.randn(shape, generator=torch.Generator().manual_seed(seed + 100))
-    args = ", ".join(["q", "k", "v", *map(str, extra)])
-    where = f"for FlashAttention.apply({args}) with (B, H, N, d) = {shape}"
-    run = fetch(nb.apply(probes.ch10_autograd_run, nb.FlashAttention.apply, q, k, v, do, *extra))
+    where = _function_where(shape, extra)
+    run = fetch(nb.apply(probes.ch10_autograd_run, nb.FlashAttention.apply, q, k, v, do, *extra,
+                         backward=backward))
     if not run["attached"]:
         raise AssertionError(f"{where}: the output is not attached to the autograd graph; forward must return o "
                              "computed from its inputs inside a torch.autograd.Function")
+    if not backward:
+        return run, (q, k, v, do, causal)
     o_ref, _ = _reference(q, k, v, causal)
-    _close(run["o"], o_ref, "the output", where, "forward returns o from flash_attention_forward")
-    for name, g, r in zip(("q", "k", "v"), run["grads"], _reference_grads(q, k, v, do, causal)):
-        if g is None:
-            raise AssertionError(f"{where}: no gradient reached {name}: backward returns (dq, dk, dv, None, ...)")
-        _close(g, r, f"the gradient of {name}", where, "backward calls flash_attention_backward with what forward "
-               "saved and the same causal flag and block sizes", GRAD_TOL)
-    B, H, N, d = shape
-    expected = 4 * (4 * B * H * N * d + B * H * N)
-    shapes = sorted(map(tuple, (s["shape"] for s in run["saved"])))
-    want = sorted([(B, H, N, d)] * 4 + [(B, H, N)])
-    if run["activation_bytes"] != expected or shapes != want:
-        raise AssertionError(f"{where}: {run['activation_bytes']:,} bytes were saved for backward in tensors of "
-                             f"shapes {shapes}; expected exactly q, k, v, o and lse: {expected:,} bytes in "
-                             f"{want}. {SAVE_HINT}")
+    hint = "forward returns o from flash_attention_forward(q, k, v, causal, block_q, block_k)"
+    if isinstance(run["o"], torch.Tensor) and run["o"].shape == o_ref.shape \
+            and not same_close(run["o"].double(), o_ref, **TOL) \
+            and _own_result_is(nb, "flash_attention_forward", run["o"], 0, q, k, v, *_blocks(extra)):
+        hint = ("your flash_attention_forward returns this output for these arguments: fix it first (its test "
+                "cells say what is wrong); FlashAttention only wires it in")
+    _close(run["o"], o_ref.float(), "the output", where, hint)
+    return run, (q, k, v, do, causal)
+
+
+def _blocks(extra):
+    """(causal, block_q, block_k) of an apply call, with the defaults filled in."""
+    full = list(extra) + [False, 32, 32][len(extra):]
+    return tuple(full[:3])
+
+
+def _own_result_is(nb, fn_name, got, index, *args) -> bool:
+    """Whether the student's own ``fn_name(*args)`` gives ``got`` as its ``index``-th result."""
+    try:
+        result = fetch(nb.apply(probes.ch10_trace, nb[fn_name], *args))["result"]
+    except Exception:  # noqa: BLE001 - a function that raises does not give this result
+        return False
+    return isinstance(result, (tuple, list)) and len(result) > index and _is(got, result[index])
 
 
 @hidden_test("test_FlashAttention")
-def check_flash_attention_function(nb):
-    _function_case(nb, (2, 2, 70, 16), 21, False, 32, 32)
-    _function_case(nb, (1, 3, 77, 16), 22, True, 16, 32)
-    _function_case(nb, (1, 2, 45, 32), 23)  # defaults: causal=False, blocks of 32
-    _function_case(nb, (1, 2, 45, 16), 24, True)
+def check_function_values(nb):
+    for shape, seed, extra in (((2, 2, 70, 16), 21, (False, 32, 32)), ((1, 3, 77, 16), 22, (True, 16, 32)),
+                               ((1, 2, 45, 32), 23, ()), ((1, 2, 45, 16), 24, (True,))):
+        run, (q, k, v, do, causal) = _function_run(nb, shape, seed, extra)
+        where = _function_where(shape, extra)
+        o_ref, lse_ref = _reference(q, k, v, causal)
+        for index, name, g, r in zip(range(3), ("q", "k", "v"), run["grads"], _reference_grads(q, k, v, do, causal)):
+            if g is None:
+                raise AssertionError(f"{where}: no gradient reached {name}: backward returns (dq, dk, dv, None, "
+                                     "None, None), one gradient per input of forward")
+            hint = ("backward calls flash_attention_backward with what forward saved and the same causal flag and "
+                    "block sizes")
+            if isinstance(g, torch.Tensor) and g.shape == r.shape and not same_close(g.double(), r, **GRAD_TOL) \
+                    and _own_result_is(nb, "flash_attention_backward", g, index, q, k, v, o_ref.float(),
+                                       lse_ref.float(), do, *_blocks(extra)):
+                hint = ("your flash_attention_backward returns this gradient for these arguments: fix it first (its "
+                        "test cells say what is wrong); FlashAttention only wires it in")
+            _close(g, r.float(), f"the gradient of {name}", where, hint, GRAD_TOL, nan_hint=GRAD_NAN_HINT)
+
+
+@hidden_test("test_FlashAttention_memory")
+def check_function_memory(nb):
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
+    # What forward saves, storage by storage (counted in the student's process): exactly q, k, v, o, lse.
+    for shape, seed, extra in (((2, 2, 70, 16), 31, (False, 32, 32)), ((1, 3, 77, 16), 32, (True, 16, 32)),
+                               ((1, 2, 45, 16), 33, (True,))):
+        run, _ = _function_run(nb, shape, seed, extra, backward=False)  # what backward does is the values cell's
+        where = _function_where(shape, extra)
+        B, H, N, d = shape
+        expected = 4 * (4 * B * H * N * d + B * H * N)
+        shapes = sorted(map(tuple, (s["shape"] for s in run["saved"])))
+        want = sorted([(B, H, N, d)] * 4 + [(B, H, N)])
+        if run["activation_bytes"] != expected or shapes != want:
+            raise AssertionError(f"{where}: {run['activation_bytes']:,} bytes were saved for backward in tensors "
+                                 f"of shapes {shapes}; expected exactly q, k, v, o and lse: {expected:,} bytes in "
+                                 f"{want}. {SAVE_HINT}")
+    # What the graph holds once forward returned, read from outside the process, on a long sequence.
+    n, d = 4096, 64
+    q, k, v = meter.judge(lambda: [fresh_tensor(nb, (1, 1, n, d)) for _ in range(3)])
+    held, _o = meter.held_by(lambda: nb.FlashAttention.apply(q, k, v, False, 64, 64))
+    square, outputs = n * n * 4, 4 * (n * d + n)
+    if held.kept >= outputs + square // 4:
+        raise AssertionError(
+            f"FlashAttention.apply(q, k, v, False, 64, 64) on (B, H, N, d) = (1, 1, {n}, {d}): once it returned, "
+            f"your process held {mib(held.kept)} more (read from outside your process), with q, k, v already "
+            f"held; o and lse are {mib(outputs)}, one N × N float32 tensor {mib(square)}. {SAVE_HINT}")
 
 
 # --- the Triton kernel ---------------------------------------------------------------------------
 TORCH_MATH = ("mm", "bmm", "matmul", "addmm", "baddbmm", "einsum", "exp", "softmax", "_softmax", "logsumexp")
+TRITON_BLOCK = 32  # the launcher's blocks
 
 
-def _check_kernel_computes(traced: dict, where: str) -> None:
-    used = sorted(set(traced["ops"]) & set(TORCH_MATH) | {op for op in traced["ops"] if "scaled_dot" in op})
+def _check_kernel_computes(run: dict, where: str) -> None:
+    tampered = run.get("bounds", {}).get("tampered")
+    if tampered:
+        raise AssertionError(f"{where}: your code changed Triton's interpreter ({tampered}); the grader runs your "
+                             "kernel in the interpreter as Triton ships it")
+    used = sorted(set(run["ops"]) & set(TORCH_MATH) | {op for op in run["ops"] if "scaled_dot" in op})
     if used:
         raise AssertionError(f"{where}: PyTorch computed {', '.join(used)}: the attention must be computed "
                              "by your Triton kernel (complete its loop over key blocks)")
 
 
-@hidden_test("test_flash_attention_triton")
-def check_flash_attention_triton(nb):
-    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
-    cases = [((1, 2, 100, 16), False, 31, True, RESCALE_HINT),  # 4 key blocks of 32, rising maxima
-             ((1, 2, 100, 16), True, 32, False, CAUSAL_HINT),
-             ((1, 1, 70, 32), True, 33, True, f"{CAUSAL_HINT}; {RESCALE_HINT}")]
-    for shape, causal, seed, rising, hint in cases:
-        q, k, v = _qkv(*shape, seed=seed, rising=rising)
-        where = f"for flash_attention_triton with (B, H, N, d) = {shape}, causal={causal}"
-        traced = _trace(nb, "flash_attention_triton", q, k, v, causal)
-        _check_kernel_computes(traced, where)
-        o = traced["result"]
+def _triton_case(nb, shape, causal, seed, drift=0.0, hint=KERNEL_HINT, compare=True, spaced=False):
+    """One call in the interpreter under probes.ch10_triton_run; PyTorch math and N × N tensors refused,
+    o compared with float64 attention when ``compare``; q, k, v apart from each other when ``spaced``."""
+    q, k, v = _qkv(*shape, seed=seed, drift=drift)
+    where = f"for flash_attention_triton with (B, H, N, d) = {shape}, causal={causal}"
+    run = fetch(nb.apply(probes.ch10_triton_run, nb.flash_attention_triton, q, k, v, causal, spaced=spaced))
+    _check_kernel_computes(run, where)
+    B, H, N, d = shape
+    if B * H * N * d < N * N:  # only then is a tensor of N² elements more than the output
+        _check_no_nxn(run, N, f"in flash_attention_triton (N = {N}, causal={causal})")
+    if compare:
         o_ref, _ = _reference(q, k, v, causal)
-        _close(o, o_ref, "o", where, f"{hint}; masked scores are -inf (columns ≥ N, and after the row if causal)")
-    # Causal: half the tiles in the interpreter.
-    traced = _check_peak(nb, meter, "flash_attention_triton", 1024, lambda q, k, v: (q, k, v, True), d=16)
-    _check_kernel_computes(traced, "for flash_attention_triton with (B, H, N, d) = (1, 1, 1024, 16), causal=True")
+        _close(run["result"], o_ref.float(), "o", where, hint, TOL,
+               _mistakes_of(q, k, v, causal, TRITON_BLOCK, TRITON_BLOCK, 0), f"{NAN_HINT}; {KERNEL_HINT}")
+    return run, where
+
+
+@hidden_test("test_flash_attention_triton")
+def check_triton_values(nb):
+    _triton_case(nb, (1, 2, 100, 16), False, 31, drift=RISING, hint=f"{RESCALE_HINT}; {KERNEL_HINT}")  # 4 key blocks
+    _triton_case(nb, (1, 2, 100, 16), True, 32, hint=f"{CAUSAL_HINT}; {KERNEL_HINT}")
+    _triton_case(nb, (1, 1, 70, 32), True, 33, drift=RISING, hint=f"{CAUSAL_HINT}; {RESCALE_HINT}; {KERNEL_HINT}")
+
+
+@hidden_test("test_flash_attention_triton_memory")
+def check_triton_memory(nb):
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
+    n, d = 1024, 16  # causal: half the tiles in the interpreter
+    _check_peak(nb, meter, "flash_attention_triton", n,
+                lambda: [*(fresh_tensor(nb, (1, 1, n, d), requires_grad=False) for _ in range(3)), True],
+                warm=lambda: _triton_case(nb, (1, 1, 256, d), True, 34, compare=False),
+                probe=probes.ch10_triton_run, d=d, after=_check_kernel_computes)
+
+
+def _describe_violation(found: dict, d: int) -> str:
+    op = {"load": "a tl.load", "store": "a tl.store", "atomic": "an atomic"}.get(found["op"], found["op"])
+    if found["argument"] is None:
+        return f"{op} addressed {found['lanes']} of its {found['of']} lanes outside every tensor passed to the kernel"
+    side, count = ("past the end", found["past_end"]) if found["past_end"] else ("before the start",
+                                                                               found["before_start"])
+    return (f"{op} of {found['argument']} addressed {found['lanes']} of its {found['of']} lanes {side} of that "
+            f"tensor (up to {count:,} elements, {count / d:.0f} rows of d = {d}, beyond it)")
+
+
+@hidden_test("test_flash_attention_triton_bounds")
+def check_triton_bounds(nb):
+    # The last head's last key block runs past the end of k and v; the last query block past q and o. The
+    # probe places q, k and v apart from each other, so that what runs past one never lands in the next.
+    for shape, causal, seed in (((1, 2, 100, 16), False, 41), ((1, 2, 100, 16), True, 42),
+                                ((1, 1, 70, 32), False, 43), ((1, 1, 70, 32), True, 44)):
+        run, where = _triton_case(nb, shape, causal, seed, compare=False, spaced=True)
+        bounds = run["bounds"]
+        if bounds["launches"] == 0:
+            raise AssertionError(f"{where}: no Triton kernel was launched; flash_attention_triton computes the "
+                                 "attention with the kernel it defines, through launch_flash_forward")
+        if bounds["violations"]:
+            first = _describe_violation(bounds["violations"][0], shape[-1])
+            raise AssertionError(
+                f"{where}: {first}; {bounds['outside']:,} lanes in all went outside a tensor. On a GPU such an "
+                f"access reads or writes memory that is not the tensor's (wrong values, or a crash with an illegal "
+                f"address); here those lanes were switched off. {BOUNDS_HINT}")
