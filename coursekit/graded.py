@@ -194,9 +194,13 @@ def _read_release(path: Path, mtime_ns: int, size: int) -> Release:
 
 # --- running the program the grader runs -------------------------------------------------------
 
-class _InertShell:
-    """``get_ipython()`` in the graded namespace: magics do nothing, except that ``%time``,
-    ``%timeit`` and ``%%capture`` bodies run once (as the grader's worker does)."""
+class InertShell:
+    """What ``get_ipython()`` returns where cells run outside a kernel (here, and in the grader's
+    worker, which uses this class): hooks, transformers, handlers and magics do nothing.
+
+    ``%time``/``%timeit`` lines and ``%%time``/``%%timeit``/``%%capture`` cells still run
+    their statement once, as they would in a notebook (without the timing).
+    """
 
     def __init__(self, run_body):
         object.__setattr__(self, "_run_body", run_body)
@@ -222,10 +226,12 @@ class _InertShell:
     def run_cell_magic(self, name, line="", cell=""):
         if name in ("time", "capture", "timeit") and isinstance(cell, str):
             self._run_body(cell)
+        return None
 
     def run_line_magic(self, name, line="", *args, **kwargs):
         if name in ("time", "timeit") and isinstance(line, str):
             self._run_body(line)
+        return None
 
 
 def _run(source: str, namespace: dict, label: str) -> None:
@@ -233,7 +239,7 @@ def _run(source: str, namespace: dict, label: str) -> None:
 
 
 def _with_shell(namespace: dict) -> dict:
-    shell = _InertShell(lambda body: _run(body, namespace, "<magic>"))
+    shell = InertShell(lambda body: _run(body, namespace, "<magic>"))
     namespace["get_ipython"] = lambda: shell
     namespace["display"] = lambda *objs, **kwargs: None
     return namespace

@@ -15,6 +15,7 @@ GPU; ``kernels.ch10_flash_attention`` holds the attention passes of chapter 10).
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import pkgutil
 
@@ -80,8 +81,9 @@ def test_no_course_function_is_named_like_an_exercise():
     assert not found, f"course functions named like an exercise (rename them, and pin real duplicates): {found}"
 
 
+@functools.lru_cache(maxsize=None)
 def _reference(chapter: str) -> dict:
-    """The chapter's setup and reference exercise cells, run in one namespace."""
+    """The chapter's setup and reference exercise cells, run in one namespace (once per chapter)."""
     nb = read_source(chapter)
     lay = layout(nb, chapter)
     ns: dict = {"__name__": f"reference_{chapter}"}

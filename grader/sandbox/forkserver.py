@@ -28,7 +28,7 @@ from grader.sandbox import integrity
 # exposes every grader module imported by then, preload() included, to the workers.
 PRELOAD = (
     "torch", "torch.utils.checkpoint", "torch._dynamo", "numpy", "coursekit", "coursekit.checks",
-    "coursekit.measure", "coursekit.memory", "grader.probes", "grader.sandbox.codec",
+    "coursekit.measure", "coursekit.memory", "coursekit.graded", "grader.probes", "grader.sandbox.codec",
     "IPython.core.inputtransformer2", "matplotlib", "matplotlib.pyplot", "tqdm", "tqdm.auto",
 )
 UID_BASE = 1_000_000_000  # worker uid = UID_BASE + its pid: unique while it lives

@@ -133,45 +133,6 @@ def _reporter(rep_fd: int):
     return report
 
 
-class _InertShell:
-    """What ``get_ipython()`` returns: hooks, transformers, handlers and magics do nothing.
-
-    ``%time``/``%timeit`` lines and ``%%time``/``%%timeit``/``%%capture`` cells still run
-    their statement once, as they would in a notebook (without the timing).
-    """
-
-    def __init__(self, run_body):
-        object.__setattr__(self, "_run_body", run_body)
-
-    def __getattr__(self, name):
-        return self
-
-    def __setattr__(self, name, value):
-        pass
-
-    def __call__(self, *args, **kwargs):
-        return None
-
-    def __getitem__(self, key):
-        return self
-
-    def __iter__(self):
-        return iter(())
-
-    def __len__(self) -> int:
-        return 0
-
-    def run_cell_magic(self, name, line="", cell=""):
-        if name in ("time", "capture", "timeit") and isinstance(cell, str):
-            self._run_body(cell)
-        return None
-
-    def run_line_magic(self, name, line="", *args, **kwargs):
-        if name in ("time", "timeit") and isinstance(line, str):
-            self._run_body(line)
-        return None
-
-
 def _display(*objs, **kwargs):
     for obj in objs:
         print(repr(obj))
@@ -185,6 +146,7 @@ class Session:
 
         from IPython.core.inputtransformer2 import TransformerManager
 
+        from coursekit.graded import InertShell  # the one coursekit.graded runs cells with, too
         from grader.sandbox import codec
 
         self.req_fd, self.rep_fd, self.report = req_fd, rep_fd, report
@@ -202,7 +164,7 @@ class Session:
 
         # Student code can reach get_ipython and display: they hold nothing of the session.
         self._run_source = run_source
-        shell = _InertShell(run_source)
+        shell = InertShell(run_source)
         namespace["get_ipython"] = lambda: shell
         namespace["display"] = _display
         sys.modules["__main__"] = self.module
