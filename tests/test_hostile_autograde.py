@@ -69,15 +69,22 @@ def test_the_batch_finishes_with_every_submission_graded(batch):
     assert students == {"honest"} | {n.replace("_", "-") for n in CASES}
 
 
+def _total(batch, student: str) -> tuple[float, float]:
+    """(score, max score) of one student over the chapter's graded cells (one row each)."""
+    rows = [r for r in batch["rows"] if r["student_id"] == student]
+    assert rows, f"{student} was not graded"
+    return sum(float(r["score"]) for r in rows), sum(float(r["max_score"]) for r in rows)
+
+
 def test_honest_submission_scores_full_marks(batch):
-    (row,) = [r for r in batch["rows"] if r["student_id"] == "honest"]
-    assert float(row["score"]) == float(row["max_score"]) > 0
+    score, maximum = _total(batch, "honest")
+    assert score == maximum > 0
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_hostile_submission_scores_below_full_marks(batch, name):
-    (row,) = [r for r in batch["rows"] if r["student_id"] == name.replace("_", "-")]
-    assert float(row["score"]) < float(row["max_score"]), f"{name} scored full marks"
+    score, maximum = _total(batch, name.replace("_", "-"))
+    assert score < maximum, f"{name} scored full marks"
 
 
 def test_nothing_outside_the_workers_changed(batch):
