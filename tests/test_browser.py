@@ -193,9 +193,41 @@ def student_lab(tmp_path_factory, workdir):
     nbformat.write(nb, workdir / f"{STUDENT_CHAPTER}.ipynb")
     base, proc, log = _serve("lab", tmp_path_factory, {"JUPYTERLAB_SETTINGS_DIR": _lab_settings(tmp_path_factory)})
     try:
-        yield base, workdir.relative_to(ROOT).as_posix()
+        yield base, workdir.relative_to(ROOT).as_posix(), log
     finally:
         _stop(proc)
+
+
+def _server_tail(log, chars: int = 4000) -> str:
+    log.flush()
+    log.seek(0)
+    return log.read()[-chars:]
+
+
+def _start_kernel(base: str, path: str, log, attempts: int = 3) -> dict:
+    """Start the notebook's kernel through the server's REST API, as JupyterLab does when it
+    opens a notebook; JupyterLab then connects to this session instead of starting its own
+    (which, on a busy CI machine, left the page at a "Select Kernel" dialog with no kernel). A kernel that cannot start fails here with the server's answer and log, not as a
+    Run All that never moves. (The server calls the kernel "starting" until a client talks to
+    it; the page waits for idle.)"""
+    headers = {"Authorization": f"token {TOKEN}"}
+    body = {"path": path, "name": Path(path).name, "type": "notebook", "kernel": {"name": "python3"}}
+    answers = []
+    for attempt in range(attempts):
+        try:
+            r = requests.post(f"{base}/api/sessions", json=body, headers=headers, timeout=180)
+        except requests.RequestException as e:
+            answers.append(f"try {attempt + 1}: {e!r}")
+            continue
+        if r.ok:
+            kernel = r.json()["kernel"]
+            if kernel.get("execution_state") != "dead":
+                return r.json()
+            answers.append(f"try {attempt + 1}: kernel {kernel}")
+        else:
+            answers.append(f"try {attempt + 1}: HTTP {r.status_code} {r.text[:1000]}")
+        time.sleep(5)
+    raise AssertionError(f"the kernel for {path} did not start: {answers}\nserver log:\n{_server_tail(log)}")
 
 
 def _menubar(page) -> list[str]:
@@ -212,6 +244,11 @@ def _accept_dialogs(page) -> list[str]:
         if dialog.count() == 0 or not dialog.first.is_visible():
             break
         texts.append(" ".join(dialog.first.inner_text().split())[:300])
+        choice = dialog.first.locator("select")
+        if choice.count():  # "Select Kernel": the course's kernel, whatever is preselected
+            options = choice.first.locator("option", has_text="Python 3")
+            if options.count():
+                choice.first.select_option(value=options.first.get_attribute("value"))
         accept = dialog.first.locator(".jp-Dialog-button.jp-mod-accept")
         if accept.count():
             accept.first.click()
@@ -260,7 +297,7 @@ def _click_menu(page, menu: str, item: str) -> None:
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{re.escape(item)}…?$")).click(timeout=15_000)
 
 
-def _run_all(page, attempts: int = 3) -> None:
+def _run_all(page, log, attempts: int = 3) -> None:
     """Run All Cells and wait until every code cell shows an execution count. A busy machine's
     kernel may not be ready for the first click, or a run may stall: then accept any dialog and
     restart the kernel and run everything again. A cell that shows an error fails at once."""
@@ -290,18 +327,20 @@ def _run_all(page, attempts: int = 3) -> None:
         history.append(f"try {attempt + 1}: stalled with the kernel {'idle' if state['idle'] else 'busy'} "
                        f"and prompts {state['prompts']}")
     dialogs += _accept_dialogs(page)
-    raise AssertionError(f"Run All Cells did not finish in {attempts} tries: {history}; dialogs seen: {dialogs}")
+    raise AssertionError(f"Run All Cells did not finish in {attempts} tries: {history}; dialogs seen: "
+                         f"{dialogs}\nserver log:\n{_server_tail(log)}")
 
 
 def test_student_runs_a_chapter_without_instructor_tools(browser, student_lab):
-    base, folder = student_lab
+    base, folder, log = student_lab
+    _start_kernel(base, f"{folder}/{STUDENT_CHAPTER}.ipynb", log)
     page = _page(browser)
     page.goto(f"{base}/lab/tree/{folder}/{STUDENT_CHAPTER}.ipynb?token={TOKEN}", timeout=START_S * 1000)
     menus = _menubar(page)
     assert "Run" in menus and "Nbgrader" not in menus, menus
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=START_S * 1000)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=START_S * 1000)
-    _run_all(page)
+    _run_all(page, log)
     prompts = page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
     assert prompts and all(re.search(r"\[\d+\]", p) for p in prompts), f"not every cell ran: {prompts}"
     assert not _error_texts(page), _error_texts(page)[:3]
