@@ -276,10 +276,11 @@ def flash_attention_forward(q, k, v, causal=False, block_q=32, block_k=32):
         inputs (o and lse float64, to float64 precision) and float16 inputs (o float16, lse float32). Where
         there are several key blocks, each row's maximum lies in the first one it sees: the rescale is the
         values cell's.
-      memory: at (1, 1, 4096, 64), non-causal with blocks of 128, no N² tensor either, and the process's
-        memory may rise by less than a quarter of one N × N float32 tensor while the call runs (read from
-        outside it). Defining the function allocates nothing, and a call keeps nothing for later calls (no
-        caches).
+      memory: at (1, 1, 4096, 64), non-causal with blocks of 128, no N² tensor either, nor any tensor of
+        128 × N = 524,288 elements or more (a query block scored against all N keys at once: loop over the
+        key blocks inside each query block), and the process's memory may rise by less than a quarter of one
+        N × N float32 tensor while the call runs (read from outside it). Defining the function allocates
+        nothing, and a call keeps nothing for later calls (no caches).
     Fused attention, torch's attention layers, NumPy and the course's kernels are refused. Each graded cell
     may use 60 s and 4 GiB.
     """
@@ -360,6 +361,9 @@ for causal in (False, True):
         flash_attention_forward(q, k, v, causal, block_q=64, block_k=64)
     assert big.elements < 1024 * 1024, \
         f"causal={causal}: an operator created a tensor of shape {big.shape}; nothing of N × N elements may exist"
+    assert big.elements < 64 * 1024, \
+        f"causal={causal}: a tensor of shape {big.shape} is a whole row of tiles (64 × N elements or more): " \
+        "inside each query block, loop over the key blocks"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_forward_memory", globals())
@@ -455,10 +459,11 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, block_q=32, bloc
       edge cases: N = 37, 70, 77 or 100 (ragged last blocks, one block larger than N); causal at N = 70, 77,
         96 and 100 with block_q above, equal to and below block_k; float64 inputs (float64 gradients, to
         float64 precision).
-      memory: at (1, 1, 4096, 64), non-causal with blocks of 128, no N² tensor either, and the process's
-        memory may rise by less than a quarter of one N × N float32 tensor while the call runs (read from
-        outside it). Defining the function allocates nothing, and a call keeps nothing for later calls (no
-        caches).
+      memory: at (1, 1, 4096, 64), non-causal with blocks of 128, no N² tensor either, nor any tensor of
+        128 × N = 524,288 elements or more (a key block against all N queries at once, or a query block
+        against all keys: work tile by tile), and the process's memory may rise by less than a quarter of
+        one N × N float32 tensor while the call runs (read from outside it). Defining the function allocates
+        nothing, and a call keeps nothing for later calls (no caches).
     Fused attention, torch's attention layers, NumPy and the course's kernels are refused. Each graded cell
     may use 60 s and 4 GiB.
     """
@@ -532,6 +537,8 @@ with LargestTensor() as big:
     flash_attention_backward(q, k, v, o, lse, torch.randn_like(o), causal=True, block_q=64, block_k=64)
 assert big.elements < 1024 * 1024, \
     f"an operator created a tensor of shape {big.shape}; backward recomputes P one tile at a time, never N × N"
+assert big.elements < 64 * 1024, \
+    f"a tensor of shape {big.shape} is a whole row or column of tiles (64 × N elements or more): work tile by tile"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_backward_memory", globals())

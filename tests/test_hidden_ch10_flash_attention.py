@@ -105,6 +105,45 @@ def forward_reversed(q, k, v, causal=False, block_q=32, block_k=32):
     return o, lse
 
 
+def forward_rows_only(q, k, v, causal=False, block_q=32, block_k=32):
+    """Blocks over queries only: each query block is scored against all N keys at once (a plain softmax
+    per block of rows, no online softmax): right values, no N × N tensor, but a whole row of tiles."""
+    B, H, N, d = q.shape
+    work = torch.promote_types(q.dtype, torch.float32)
+    o, lse = torch.empty_like(q), torch.empty(B, H, N, dtype=work)
+    keys = torch.arange(N)
+    for i in range(0, N, block_q):
+        s = q[:, :, i:i + block_q].to(work) @ k.to(work).mT / math.sqrt(d)
+        if causal:
+            s = s.masked_fill(keys[None, :] > torch.arange(i, i + s.shape[2])[:, None], NEG)
+        m = s.amax(-1, keepdim=True)
+        p = torch.exp(s - m)
+        l = p.sum(-1, keepdim=True)
+        o[:, :, i:i + block_q] = (p @ v.to(work) / l).to(q.dtype)
+        lse[:, :, i:i + block_q] = (m + l.log()).squeeze(-1)
+    return o, lse
+
+
+def backward_columns_only(q, k, v, o, lse, do, causal=False, block_q=32, block_k=32):
+    """Blocks over keys only: each key block against all N queries at once: right gradients, no N × N
+    tensor, but a whole column of tiles."""
+    B, H, N, d = q.shape
+    tau = 1 / math.sqrt(d)
+    D = (do * o).sum(-1)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    rows = torch.arange(N)
+    for j in range(0, N, block_k):
+        kj, vj = k[:, :, j:j + block_k], v[:, :, j:j + block_k]
+        p = torch.exp(q @ kj.mT * tau - lse[..., None])
+        if causal:
+            p = p.masked_fill(torch.arange(j, j + kj.shape[2])[None, :] > rows[:, None], 0.0)
+        dv[:, :, j:j + block_k] = p.mT @ do
+        ds = p * (do @ vj.mT - D[..., None])
+        dq += tau * ds @ kj
+        dk[:, :, j:j + block_k] = tau * ds.mT @ q
+    return dq, dk, dv
+
+
 def forward_sdpa(q, k, v, causal=False, block_q=32, block_k=32):
     o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
     s = (q @ k.mT) / math.sqrt(q.shape[-1])
@@ -315,8 +354,9 @@ VALUES, EDGE, MEMORY = FORWARD_IDS
     (make_forward(pad_mask=False), EDGE, "nothing past N.*padding keys", (VALUES,)),
     (make_forward(keep_dtype=False), EDGE, "dtype torch.float32, expected torch.float64", (VALUES,)),
     (make_forward(materialise="long"), MEMORY, "N × N", (VALUES, EDGE)),
+    (forward_rows_only, MEMORY, "a whole row or column of tiles", (VALUES, EDGE)),
 ], ids=["no_rescale", "unnormalised", "local_max", "reversed", "causal_plus_one", "causal_minus_one",
-        "unmasked_tail", "dtype", "materialise_long"])
+        "unmasked_tail", "dtype", "materialise_long", "rows_only"])
 def test_forward_fails_its_property_only(wrong, grade_id, message, passes):
     ns = namespace(flash_attention_forward=wrong)
     _fails(grade_id, ns, message)
@@ -344,7 +384,9 @@ B_VALUES, B_EDGE, B_MEMORY = BACKWARD_IDS
     (make_backward(floor_blocks=True), B_EDGE, "differs", (B_VALUES,)),
     (make_backward(keep_dtype=False), B_EDGE, "dtype torch.float32, expected torch.float64", (B_VALUES,)),
     (make_backward(materialise="long"), B_MEMORY, "N × N", (B_VALUES, B_EDGE)),
-], ids=["no_tau", "delta_unnormalised", "delta_zero", "causal_plus_one", "drops_tail", "dtype", "materialise_long"])
+    (backward_columns_only, B_MEMORY, "a whole row or column of tiles", (B_VALUES, B_EDGE)),
+], ids=["no_tau", "delta_unnormalised", "delta_zero", "causal_plus_one", "drops_tail", "dtype", "materialise_long",
+        "columns_only"])
 def test_backward_fails_its_property_only(wrong, grade_id, message, passes):
     ns = namespace(flash_attention_backward=wrong)
     _fails(grade_id, ns, message)

@@ -144,6 +144,8 @@ LITERAL: dict[str, list[str]] = {
         "50–73% of the A100's peak",  # FlashAttention Fig. 2, abstract; FlashAttention-2
         '"75.2 / 66.6 = 1.13×"', '"40.3 / 4.4 GB = 9.2×"', '"up to 20× (Fig. 3, long N)"',
         '"41.7 → 7.3 ms (5.7×); 3× end to end"', '"50–73% of A100 peak"', "the paper's 20×",
+        "128 × N = 524,288 elements or more",  # the memory cells' rule: one block (128) times N = 4096
+        "(64 × N elements or more)",  # the visible memory tests' rule at blocks of 64
     ],
 }
 

@@ -15,9 +15,10 @@ flash_attention_forward:
   whole rows of a tile masked when block_q > block_k, the reverse), float64 inputs (o and lse
   float64, float64 tolerances) and float16 inputs (o float16, lse float32), on inputs whose row
   maxima fall along the keys ("falling"), so that a missing rescale, the values cell's, cannot interfere;
-- memory: at (B, H, N, d) = (1, 1, 4096, 64), blocks of 128, no operator creates N² elements and the
-  process's peak, read from outside it, rises by less than a quarter of one N × N float32 tensor.
-flash_attention_backward: gradients / edge cases / memory, split the same way.
+- memory: at (B, H, N, d) = (1, 1, 4096, 64), blocks of 128, no operator creates N² elements nor
+  128 × N (a whole row of tiles: the query blocks must loop over key blocks too), and the process's
+  peak, read from outside it, rises by less than a quarter of one N × N float32 tensor.
+flash_attention_backward: gradients / edge cases / memory, split the same way (no whole column of tiles).
 FlashAttention: values (output attached, values and gradients through apply, every argument form) and
 memory (the storages saved for backward, counted in the student's process, and what the graph holds
 after the forward call at N = 4096, read from outside it).
@@ -96,6 +97,9 @@ GRAD_DTYPE_HINT = ("each gradient has the dtype of its input; accumulate in torc
                    "torch.float32) (float64 for float64 inputs), then convert")
 NN_HINT = ("the tiled algorithm never creates a tensor of N × N elements (not even a boolean mask): "
            "compute scores, masks and probabilities one (block_q × block_k) tile at a time")
+TILE_HINT = ("FlashAttention works on one (block_q × block_k) tile at a time: inside each query block, loop "
+             "over the key blocks with the online softmax (backward: over the query blocks inside each key "
+             "block), instead of scoring a query block against all N keys at once")
 SDPA_HINT = "write the tiled loop yourself; torch's scaled_dot_product_attention does not count"
 SCALE_HINT = ("S = τ q kᵀ with τ = 1/sqrt(d), so dq = τ dS k and dk = τ dSᵀ q: the factor τ is missing "
               "(or applied twice)")
@@ -287,10 +291,12 @@ def _gate(nb, fn_name, make_args):
 
 
 def _check_peak(nb, meter: Meter, fn_name: str, n: int, make_args, warm, probe=probes.ch10_trace, d: int = 64,
-                after=None, inputs: int = 3) -> dict:
+                after=None, inputs: int = 3, band: int | None = None) -> dict:
     """One call on N = n (arguments made in the student's process by ``make_args``), traced, with the memory
     the process reaches while it runs read from outside it: no N × N tensor exists at any moment, whatever
-    the code does to hide it from the op trace. ``warm()`` first: a smaller call, its values checked, that
+    the code does to hide it from the op trace. With ``band`` (the block size of the call), no operator may
+    create ``band × n`` elements or more either: a whole row or column of tiles at once (read in the trace,
+    a gate against a plausible mistake; the N² bound is the one read from outside). ``warm()`` first: a smaller call, its values checked, that
     runs every code path once (the first call loads code pages)."""
     fn = nb[fn_name]
     args = meter.judge(make_args)
@@ -300,6 +306,11 @@ def _check_peak(nb, meter: Meter, fn_name: str, n: int, make_args, warm, probe=p
     if after is not None:
         after(traced, f"for {where}")
     _check_no_nxn(traced, n, f"in {where}")
+    if band is not None and traced["max_elements"] >= band * n:
+        raise AssertionError(
+            f"in {where} with blocks of {band}: a tensor of shape {tuple(traced['max_shape'])} "
+            f"({traced['max_elements']:,} elements ≥ {band} × N = {band * n:,}, a whole row or column of tiles) was "
+            f"created. {TILE_HINT}")
     square = n * n * 4
     if held.peak >= square // 4:
         raise AssertionError(
@@ -370,7 +381,7 @@ def check_forward_memory(nb):
     _forward_gate(nb)
     n, d = 4096, 64
     _check_peak(nb, meter, "flash_attention_forward", n,
-                lambda: [*(fresh_tensor(nb, (1, 1, n, d), requires_grad=False) for _ in range(3)), False, 128, 128],
+                lambda: [*(fresh_tensor(nb, (1, 1, n, d), requires_grad=False) for _ in range(3)), False, 128, 128], band=128,
                 warm=lambda: _trace(nb, "flash_attention_forward", *_qkv(1, 1, 256, d, seed=22), False, 128, 128))
 
 
@@ -462,7 +473,7 @@ def check_backward_memory(nb):
 
     q, k, v = _qkv(1, 1, 256, d, seed=28)
     o, lse = (t.float() for t in _reference(q, k, v, False))
-    _check_peak(nb, meter, "flash_attention_backward", n, make_args, inputs=5,
+    _check_peak(nb, meter, "flash_attention_backward", n, make_args, inputs=5, band=128,
                 warm=lambda: _trace(nb, "flash_attention_backward", q, k, v, o, lse, torch.ones_like(o), False, 128,
                                     128))
 
