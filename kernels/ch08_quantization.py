@@ -107,7 +107,7 @@ def benchmark(n: int = 1 << 26, block_size: int = 64) -> dict[str, float]:
 def main() -> None:
     if not torch.cuda.is_available():
         print("CUDA not available: skipped (the kernel still runs on CPU in Triton's interpreter, "
-              "see tests/test_kernels_ch08.py)")
+              "see tests/test_kernels_ch08_quantization.py)")
         return
     for n in (1 << 20, 1 << 24, 1 << 26):
         gbs = benchmark(n)

@@ -212,7 +212,7 @@ def zero_scale_as_buffer():
 
 
 # (wrong LiteResidual, the cell it fails, what its message says)
-LITE_WRONG = [
+WRONG_LITE_VARIANTS = [
     (make_lite(gamma=1.0), "test_LiteResidual", "not exactly zero"),
     (make_lite(up="input"), "test_LiteResidual", "returned shape"),
     (make_lite(stride_in_conv=True, up="nearest"), "test_LiteResidual", "differs from the reference"),
@@ -226,7 +226,7 @@ LITE_WRONG = [
 ]
 
 
-@pytest.mark.parametrize("wrong, grade_id, message", LITE_WRONG)
+@pytest.mark.parametrize("wrong, grade_id, message", WRONG_LITE_VARIANTS)
 def test_lite_residual_rejects(wrong, grade_id, message):
     with pytest.raises((AssertionError, RuntimeError), match=message):  # RuntimeError: the submission's own crash
         CHECKS[grade_id](namespace(LiteResidual=wrong))
@@ -246,7 +246,7 @@ def test_lite_residual_loses_only_its_property(wrong, grade_id):
 
 
 # (wrong apply_tinytl, the cell it fails, what its message says)
-APPLY_WRONG = [
+WRONG_APPLY_VARIANTS = [
     (make_apply(freeze_weights=False), "test_apply_tinytl", r"output at init \(train mode\)"),
     (make_apply(freeze_weights="bn-only"), "test_apply_tinytl", "every original weight"),
     (make_apply(train_bias=False), "test_apply_tinytl", "every bias trains"),
@@ -261,7 +261,7 @@ APPLY_WRONG = [
 ]
 
 
-@pytest.mark.parametrize("wrong, grade_id, message", APPLY_WRONG)
+@pytest.mark.parametrize("wrong, grade_id, message", WRONG_APPLY_VARIANTS)
 def test_apply_tinytl_rejects(wrong, grade_id, message):
     with pytest.raises(AssertionError, match=message):
         CHECKS[grade_id](namespace(apply_tinytl=wrong))

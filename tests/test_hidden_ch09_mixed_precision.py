@@ -188,7 +188,7 @@ def test_torch_grad_scaler_passes_values_and_schedule():
 
 
 # (flags of a wrong GradScaler, the cell it fails, what its message says)
-SCALER_WRONG = [
+WRONG_SCALER_VARIANTS = [
     (dict(no_skip=True), "test_GradScaler", "must be skipped"),
     (dict(zero_instead=True), "test_GradScaler", "must be skipped"),
     (dict(unscale_in_step_always=True), "test_GradScaler", "must not unscale again"),
@@ -213,7 +213,7 @@ SCALER_WRONG = [
 ]
 
 
-@pytest.mark.parametrize("flags, grade_id, message", SCALER_WRONG)
+@pytest.mark.parametrize("flags, grade_id, message", WRONG_SCALER_VARIANTS)
 def test_grad_scaler_rejects(flags, grade_id, message):
     with pytest.raises(AssertionError, match=message):
         CHECKS[grade_id](namespace(GradScaler=make_scaler(**flags)))
@@ -241,7 +241,7 @@ def test_grad_scaler_loses_only_its_property(flags, grade_id):
 
 
 # (flags of a wrong mixed_precision_step, the cell it fails, what its message says)
-STEP_WRONG = [
+WRONG_STEP_VARIANTS = [
     (dict(no_autocast=True), "test_mixed_precision_step", "without autocast"),
     (dict(always_bf16=True), "test_mixed_precision_step", "autocast ran with dtype"),
     (dict(no_zero_grad=True), "test_mixed_precision_step", "zero the gradients"),
@@ -255,7 +255,7 @@ STEP_WRONG = [
 ]
 
 
-@pytest.mark.parametrize("flags, grade_id, message", STEP_WRONG)
+@pytest.mark.parametrize("flags, grade_id, message", WRONG_STEP_VARIANTS)
 def test_mixed_precision_step_rejects(flags, grade_id, message):
     with pytest.raises(AssertionError, match=message):
         CHECKS[grade_id](namespace(mixed_precision_step=make_step(**flags)))

@@ -5,7 +5,7 @@ THREAT = "materialise_meta"
 EXPECT = "loses"
 DESCRIPTION = ("builds random tensors of every parameter's shape, load_state_dict(..., assign=True) puts them "
                "into the given model, which is then run and measured"
-               "; the source policy also refuses the coursekit import, and tests/test_hidden_ch00.py runs the "
+               "; the source policy also refuses the coursekit import, and tests/test_hidden_ch00_memory.py runs the "
                "same trick without the policy")
 SOURCE = '''
 def predict_training_memory(model, batch_size, optimizer):

@@ -5,7 +5,7 @@ THREAT = "materialise_meta"
 EXPECT = "loses"
 DESCRIPTION = ("assigns new real nn.Parameters of the same shapes to every Linear (attribute assignment), then "
                "measures a real training step of the given model"
-               "; the source policy also refuses the coursekit import, and tests/test_hidden_ch00.py runs the "
+               "; the source policy also refuses the coursekit import, and tests/test_hidden_ch00_memory.py runs the "
                "same trick without the policy")
 SOURCE = '''
 def predict_training_memory(model, batch_size, optimizer):

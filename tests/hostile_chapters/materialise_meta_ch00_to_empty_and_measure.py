@@ -5,7 +5,7 @@ THREAT = "materialise_meta"
 EXPECT = "loses"
 DESCRIPTION = ("deep-copies the meta model, makes it real with to_empty, fills the weights and measures a real "
                "step with measure_training_step instead of predicting"
-               "; the source policy also refuses the coursekit import, and tests/test_hidden_ch00.py runs the "
+               "; the source policy also refuses the coursekit import, and tests/test_hidden_ch00_memory.py runs the "
                "same trick without the policy")
 SOURCE = '''
 def predict_training_memory(model, batch_size, optimizer):

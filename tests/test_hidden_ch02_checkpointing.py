@@ -18,7 +18,7 @@ from torch import nn
 from grader.api import LocalNamespace, checks_for
 from grader.sandbox import judge
 from sandbox_checks import program, sandbox_tests
-from wrong_submissions_ch02 import WRONG
+from wrong_submissions_ch02_checkpointing import WRONG
 
 CHAPTER = "ch02_checkpointing"
 CHECKS = checks_for(CHAPTER)

@@ -15,7 +15,7 @@ import torch
 
 from grader.api import LocalNamespace, checks_for
 
-from wrong_submissions_ch03 import WRONG
+from wrong_submissions_ch03_accumulation import WRONG
 from sandbox_checks import sandbox_tests
 
 CHAPTER = "ch03_accumulation"

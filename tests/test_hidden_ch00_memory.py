@@ -194,9 +194,10 @@ ACTIVATIONS, STATE, ERRORS = ("test_predict_training_memory", "test_predict_trai
 IDS = (ACTIVATIONS, STATE, ERRORS)
 RAN = "without running anything"
 
+# Wrong implementations run in-kernel (the autograded wrong answer is in wrong_submissions_ch00_memory.py).
 # name: (implementation, {grade_id of each cell it must fail: a phrase its failure message contains});
 # every other cell must pass.
-WRONG = {
+WRONG_VARIANTS = {
     "runs_the_step_instead": (runs_the_step_instead, {ACTIVATIONS: RAN, STATE: RAN}),
     "materialises_with_to_empty": (materialises_with_to_empty, {ACTIVATIONS: RAN, STATE: RAN, ERRORS: "RuntimeError"}),
     "swaps_in_real_weights": (swaps_in_real_weights, {ACTIVATIONS: RAN, STATE: RAN}),
@@ -238,9 +239,9 @@ def test_correct_predictor_passes(grade_id):
     _run(correct, grade_id)
 
 
-@pytest.mark.parametrize("name", sorted(WRONG))
+@pytest.mark.parametrize("name", sorted(WRONG_VARIANTS))
 def test_wrong_predictor_fails_its_cells_only(name):
-    fn, fails = WRONG[name]
+    fn, fails = WRONG_VARIANTS[name]
     for grade_id in IDS:
         if grade_id not in fails:
             _run(fn, grade_id)  # partial credit: the properties it gets right still score
