@@ -25,7 +25,8 @@ Rules that keep a check valid in both kinds:
   - send data into the student's process with ``nb.put(tensor_or_module)`` when you need its
     ``.grad`` afterwards (objects passed as arguments are copied in);
   - arithmetic on the student's objects happens through method calls (``y.mul(g).sum()``),
-    or run a trusted probe there with ``nb.apply(probes.fn, *args)`` (``grader.probes``);
+    or run a trusted probe there with ``nb.apply(probes.fn, *args)`` (``grader.probes``, whose
+    ``__init__`` states the rules a probe follows);
   - expected exceptions: ``nb.apply(probes.raised, fn, *args)`` returns the exception's class
     names (or None);
   - resource bounds come from outside the student's process: ``nb.memory(reset_peak=True)``, then
@@ -40,7 +41,10 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
+from grader.sandbox import settings as _sandbox
 from grader.sandbox.codec import decode, encode
+
+PROBES = "grader.probes"  # the package of trusted probes that nb.apply runs in the student's process
 
 _REGISTRY: dict[str, dict[str, Callable]] = {}
 _REQUIRES: dict[str, dict[str, tuple[str, ...]]] = {}
@@ -69,6 +73,17 @@ def checks_for(chapter: str) -> dict[str, Callable]:
     """All hidden tests of a chapter, keyed by test-cell grade_id."""
     importlib.import_module(f"grader.hidden.{chapter}")
     return dict(_REGISTRY.get(chapter, {}))
+
+
+def _declared_imports() -> frozenset[str]:
+    from grader.chapters import declared_imports  # reads the chapter sources: when a fork server starts
+
+    return declared_imports()
+
+
+# The sandbox imports nothing of the grader: it runs these hidden tests, loads these probes and lets
+# submissions import what the chapters declare.
+_sandbox.configure(checks=checks_for, probes=PROBES, modules=_declared_imports)
 
 
 def gates(chapter: str, lay) -> dict[str, tuple[str, ...]]:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import nbformat
 
-from grader.api import gates
+from grader.api import checks_for, gates
 from grader.feedback import write_feedback
 from grader.notebooks import COURSE, Layout, chapters, exercise_sources, layout, read_source
 from grader.sandbox.judge import Limits, Outcome, run_checks
@@ -149,6 +149,7 @@ def _grade_in_order(chapter: str, lay: Layout, sources: dict[str, str | None], r
     """
     references = _references(chapter, lay)
     needs = gates(chapter, lay)
+    checks = checks_for(chapter)
     owned = {gid for ex in lay.exercises for gid in lay.tests_of(ex)}
     groups = [(None, [gid for gid, _ in lay.tests if gid not in owned])]
     groups += [(ex, list(lay.tests_of(ex))) for ex in lay.exercises]
@@ -182,7 +183,7 @@ def _grade_in_order(chapter: str, lay: Layout, sources: dict[str, str | None], r
                     ready.append(g)
             if ready:
                 outcomes.update(run_checks(chapter, program, ready, limits, submission_dir=submission_dir,
-                                           setup=len(lay.setup)))
+                                           setup=len(lay.setup), checks=checks))
             pending = [g for g in pending if g not in outcomes]
         if ex is not None and not all(outcomes[gid].passed for gid in gids if gid in outcomes):
             failed.append(ex)

@@ -49,7 +49,7 @@ def sandbox_tests(chapter: str, wrong: dict, grade_ids: dict[str, str] | None = 
     def test_sandbox_wrong_submission_fails(exercise):
         grade_id = grade_ids.get(exercise, f"test_{exercise}")
         outcomes = judge.run_checks(chapter, program(chapter, {exercise: wrong[(chapter, exercise)]}), [grade_id],
-                                    LIMITS)
+                                    LIMITS, checks=checks_for(chapter))
         assert not outcomes[grade_id].passed, f"the wrong {exercise} passed its hidden test"
         assert outcomes[grade_id].reason
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import toy_chapter as toy
 
+from grader.api import checks_for
 from grader.sandbox import judge
 
 HOSTILE = Path(__file__).with_name("hostile")
@@ -101,7 +102,7 @@ def run(program, targets, mode=None, monkeypatch=None):
         default = judge._server
         monkeypatch.setattr(judge, "_server", lambda m=None: default(mode))
     return judge.run_checks(toy.CHAPTER, program, toy.GRADE_IDS, LIMITS,
-                            submission_dir=targets["submission"])
+                            submission_dir=targets["submission"], checks=checks_for(toy.CHAPTER))
 
 
 def _params(plain: bool):

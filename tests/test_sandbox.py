@@ -55,9 +55,11 @@ def test_toy_hidden_tests_pass_in_kernel_on_the_solution_and_fail_on_a_wrong_one
 
 
 def test_run_checks_scores_the_toy_chapter():
-    outcomes = judge.run_checks(toy.CHAPTER, toy.program(toy.SOLUTION), toy.GRADE_IDS, LIMITS)
+    outcomes = judge.run_checks(toy.CHAPTER, toy.program(toy.SOLUTION), toy.GRADE_IDS, LIMITS,
+                                checks=checks_for(toy.CHAPTER))
     assert {g: o.passed for g, o in outcomes.items()} == {g: True for g in toy.GRADE_IDS}
     wrong = toy.SOLUTION.replace("alpha * x.sum", "x.sum")
+    # Without checks=, the judge asks the resolver grader.api installed (grader.sandbox.settings).
     outcomes = judge.run_checks(toy.CHAPTER, toy.program(wrong), toy.GRADE_IDS + ["test_nope"], LIMITS)
     assert not outcomes["test_scaled_sum"].passed
     assert "multiply by alpha" in outcomes["test_scaled_sum"].reason
@@ -121,8 +123,25 @@ def test_handles_refuse_comparison_and_apply_refuses_non_probes():
             nb.apply(os.getcwd)
         with pytest.raises(ValueError):
             nb.apply(lambda m: m, layer)
+        with pytest.raises(ValueError):  # private helpers of a chapter's probes are not probes
+            nb.apply(probes._ch10_trace, layer, (), {})
+        with pytest.raises(ValueError):  # a name bound in the probe package but defined elsewhere
+            nb.apply(probes.shared.measure, layer)
         with pytest.raises(AttributeError):
             nb._private
+
+    assert run(check, PROGRAM).passed
+
+
+def test_probes_of_every_module_of_the_probe_package_run_and_travel():
+    """Chapter modules' probes run by name in the worker, and instances of their classes are sent
+    in (unpickled there from a module the fork server preloaded); the grader's other objects are not."""
+    def check(nb):
+        batches = nb.put(probes.ch03_Batches([torch.ones(2), torch.zeros(2)]))
+        assert nb.apply(probes.ch03_describe, batches)["type"] == "ch03_Batches"
+        assert nb.apply(probes.ch07_describe, [1, 2.5])["items"][1] == {"type": "float", "value": 2.5}
+        with pytest.raises(TypeError, match="cannot be sent"):
+            nb.put(checks_for)
 
     assert run(check, PROGRAM).passed
 
@@ -253,7 +272,8 @@ import os
 uid = os.getuid()
 absent = [p for p in ("grader/hidden/__init__.py", "grader/api.py", "tests", "solutions", "course", ".git")
           if not os.path.exists(os.path.join({repo!r}, p))]
-present = [p for p in ("coursekit/checks.py", "grader/probes.py")
+present = [p for p in ("coursekit/checks.py", "grader/probes/__init__.py", "grader/probes/shared.py",
+                       "grader/probes/ch10_flash_attention.py")
            if os.path.exists(os.path.join({repo!r}, p))]
 '''
 
@@ -261,7 +281,8 @@ present = [p for p in ("coursekit/checks.py", "grader/probes.py")
         assert fetch(nb.uid) >= UID_BASE
         if _mode() == "chroot":
             assert len(fetch(nb.absent)) == 6
-            assert fetch(nb.present) == ["coursekit/checks.py", "grader/probes.py"]
+            assert fetch(nb.present) == ["coursekit/checks.py", "grader/probes/__init__.py", "grader/probes/shared.py",
+                                         "grader/probes/ch10_flash_attention.py"]
 
     assert run(check, program).passed
 
@@ -439,6 +460,19 @@ def test_policy_rules_cover_the_course_packages():
     assert not {"ctypes", "socket", "subprocess", "grader", "sqlite3"} & rules.modules
     assert any(r.endswith("site-packages") for r in rules.code_roots)
     assert str(judge.REPO_ROOT / "coursekit") in rules.code_roots
+
+
+def test_the_chapters_declared_imports_extend_the_base_set():
+    """kernels and triton are importable because chapters declare them (grader.chapters), which
+    grader.api hands the sandbox; a module no chapter declares stays out."""
+    from grader.chapters import declared_imports
+    from grader.sandbox import settings
+
+    assert {"kernels", "triton"} <= declared_imports() == settings.extra_modules()
+    assert not {"kernels", "triton"} & policy.rules_for("/tmp/w1", str(judge.REPO_ROOT), ()).modules
+    rules = policy.rules_for("/tmp/w1", str(judge.REPO_ROOT), (), settings.extra_modules())
+    assert {"kernels", "triton", "torch"} <= rules.modules
+    assert "socket" not in policy.rules_for("/tmp/w1", str(judge.REPO_ROOT), (), frozenset({"socket"})).modules
 
 
 def test_signals_are_refused_and_reported():

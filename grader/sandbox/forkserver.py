@@ -2,7 +2,8 @@
 
 The judge starts one server per isolation mode (``supervisor.py``) as
 ``python -m grader.sandbox.worker``. The server imports everything grading needs (torch,
-numpy, coursekit, the probes, the codec), takes the integrity snapshot (``integrity.py``),
+numpy, coursekit, the codec, and every module of the package of trusted probes the judge names,
+``--probes``; see ``trusted.py``), takes the integrity snapshot (``integrity.py``),
 and, in ``chroot`` mode, builds the worker's view of the file system and enters it. It then
 waits on its control socket; for each problem it forks a child, which runs the worker's side
 (``worker.py``), and reaps it when the judge says so. The server itself runs no student code
@@ -22,13 +23,13 @@ import tempfile
 import time
 
 # Heavy imports happen in preload(), after the environment is settled.
-from grader.sandbox import integrity
+from grader.sandbox import integrity, trusted
 
 # The sandbox's own modules are imported by worker.py before the server starts; grader_files()
 # exposes every grader module imported by then, preload() included, to the workers.
 PRELOAD = (
     "torch", "torch.utils.checkpoint", "torch._dynamo", "numpy", "coursekit", "coursekit.checks",
-    "coursekit.measure", "coursekit.memory", "coursekit.graded", "grader.probes", "grader.sandbox.codec",
+    "coursekit.measure", "coursekit.memory", "coursekit.graded", "grader.sandbox.codec",
     "IPython.core.inputtransformer2", "matplotlib", "matplotlib.pyplot", "tqdm", "tqdm.auto",
 )
 UID_BASE = 1_000_000_000  # worker uid = UID_BASE + its pid: unique while it lives
@@ -147,10 +148,13 @@ class Server:
     """The server's state and its control loop.
 
     ``child(server, spec, req_fd, rep_fd)`` is what each forked child runs (the worker's side,
-    ``worker.py``); the child exits when it returns.
+    ``worker.py``); the child exits when it returns. ``probe_package`` names the package of trusted
+    probes: every module of it is imported before any fork, and ``probes`` maps the name of each of
+    their public functions and classes to it (``trusted.probe_table``; empty without a package).
     """
 
-    def __init__(self, control: socket.socket, repo: str, mode: str, child, stage: str = ""):
+    def __init__(self, control: socket.socket, repo: str, mode: str, child, stage: str = "",
+                 probe_package: str = "", modules: frozenset[str] = frozenset()):
         self.control = control
         self.child = child
         self.repo = repo
@@ -159,6 +163,8 @@ class Server:
         self.children: dict[int, str] = {}  # pid -> its directory
         self.work_base = ""
         self.snapshot: dict = {}
+        self.probe_package = probe_package
+        self.modules = frozenset(modules)  # importable by submissions beyond rules.LIBRARIES
         self.probes: dict = {}
         self.files: tuple[str, ...] = ()
         self.pid = os.getpid()
@@ -169,11 +175,7 @@ class Server:
         started = time.monotonic()
         _become_subreaper()
         preload()
-        import grader.probes as probes
-
-        self.probes = {name: fn for name, fn in vars(probes).items()
-                       if callable(fn) and getattr(fn, "__module__", None) == probes.__name__
-                       and not name.startswith("_")}
+        self.probes = trusted.probe_table(self.probe_package) if self.probe_package else {}
         self.files = grader_files(self.repo)
         self.snapshot = integrity.snapshot()
         # Everything imported so far lives as long as the server: keep it out of the collector's

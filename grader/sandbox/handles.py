@@ -7,14 +7,31 @@ fetched, as plain data.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-import grader.probes
-
-if TYPE_CHECKING:
-    from grader.sandbox.rpc import Connection
+from grader.sandbox import trusted
 
 _COMPARE_HINT = "compare fetched values, not handles: use grader.api.fetch(...) first"
+
+
+class WorkerLink(Protocol):
+    """What handles need of the judge's end of a worker's pipes (``rpc.Connection`` provides it)."""
+
+    probes: str | None  # the package of trusted probes the worker's fork server loaded
+
+    def handle(self, message, label: str | None, blame: str | None = None) -> "Handle": ...
+
+    def request(self, message) -> dict: ...
+
+    def value(self, reply: dict, blame: str): ...
+
+    def fetch(self, handle: "Handle"): ...
+
+    def release_later(self, hid: int) -> None: ...
+
+    def memory(self, reset_peak: bool = False): ...
+
+    def setup_held(self) -> int | None: ...
 
 
 class Handle:
@@ -22,7 +39,7 @@ class Handle:
 
     __slots__ = ("_worker", "_id", "_label", "__weakref__")
 
-    def __init__(self, worker: "Connection", hid: int, label: str):
+    def __init__(self, worker: "WorkerLink", hid: int, label: str):
         object.__setattr__(self, "_worker", worker)
         object.__setattr__(self, "_id", hid)
         object.__setattr__(self, "_label", label)
@@ -73,7 +90,7 @@ class Handle:
 class RemoteNamespace:
     """The student's definitions in the worker; same interface as ``grader.api.LocalNamespace``."""
 
-    def __init__(self, worker: "Connection"):
+    def __init__(self, worker: "WorkerLink"):
         self._worker = worker
 
     def __getattr__(self, name: str) -> Handle:
@@ -104,9 +121,13 @@ class RemoteNamespace:
         return self._worker.setup_held()
 
     def apply(self, fn, *args, **kwargs):
-        """Run ``grader.probes.<fn>`` in the student's process; return its result as plain data."""
-        name = getattr(fn, "__name__", "")
-        if getattr(grader.probes, name, None) is not fn or name.startswith("_"):
-            raise ValueError(f"nb.apply only runs functions of grader.probes, not {fn!r}")
+        """Run the trusted probe ``fn`` in the student's process; return its result as plain data.
+
+        ``fn`` must be a probe of the package the worker's fork server loaded (``grader.probes``;
+        see ``trusted.probe_name``); only its name travels."""
+        package = self._worker.probes
+        name = trusted.probe_name(fn, package)
+        if name is None:
+            raise ValueError(f"nb.apply only runs functions of {package or 'the probe package'}, not {fn!r}")
         reply = self._worker.request(("apply", name, args, kwargs))
         return self._worker.value(reply, blame=f"probes.{name}")

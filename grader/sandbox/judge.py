@@ -11,8 +11,12 @@ full marks by changing how the tests run. Here the two never share a process:
   never run student code, executes the *program* (the release's setup cells, then the
   student's exercise cells) and then answers the judge's requests (``rpc.py``): a global, an
   attribute, a call, a judge value put in, a value fetched as plain data
-  (:mod:`grader.sandbox.codec`), a function of :mod:`grader.probes` applied there. Objects
-  stay in the worker; the check holds :class:`Handle` objects that name them (``handles.py``).
+  (:mod:`grader.sandbox.codec`), a trusted probe applied there (a function of the probe package
+  the caller names, :mod:`grader.probes`; ``trusted.py``). Objects stay in the worker; the check
+  holds :class:`Handle` objects that name them (``handles.py``).
+
+The sandbox imports nothing of the grader that uses it (``settings.py``): the caller hands it
+the hidden checks to run, the package of trusted probes and the limits of each problem.
 
 Threat → defence (a determined student controls everything inside the worker):
 
@@ -162,9 +166,11 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Mapping
 
-from grader.api import checks_for
+from grader.sandbox import settings
 from grader.sandbox.codec import NotTransferable
+from grader.sandbox.limits import Limits
 from grader.sandbox.rpc import (  # noqa: F401 - StudentError, Handle, RemoteNamespace: public here
     Handle, MissingName, RemoteNamespace, Stop, StudentError, waiting_for_worker, judging)
 from grader.sandbox.supervisor import (  # noqa: F401 - all but format_size: public here
@@ -174,14 +180,6 @@ from grader.sandbox.supervisor import fork_server as _server
 
 MAX_SUBMISSION_BYTES = 64 * 1024**2  # files copied into the worker's directory, in total
 MAX_SUBMISSION_FILES = 500
-
-
-@dataclass
-class Limits:
-    wall_seconds: float = 60.0  # whole life of one problem's worker
-    memory_bytes: int = 4 * 1024**3  # address-space limit of the worker (raise if torch needs more)
-    output_bytes: int = 1024**2  # student stdout/stderr kept on disk (never shown)
-    max_processes: int = 64
 
 
 @dataclass
@@ -215,16 +213,19 @@ def _read_submission(submission_dir: Path | None) -> dict[str, bytes]:
 
 
 def run_checks(chapter: str, program: list[str], grade_ids: list[str], limits: Limits = Limits(),
-               submission_dir: Path | None = None, setup: int | None = None) -> dict[str, Outcome]:
+               submission_dir: Path | None = None, setup: int | None = None,
+               checks: Mapping[str, Callable] | None = None) -> dict[str, Outcome]:
     """Run each hidden test ``grade_ids`` of ``chapter`` against ``program`` in a fresh worker.
 
     ``program`` is the list of cell sources to execute in order: the release's setup cells,
     then the student's exercise cells; ``setup`` says how many of them are the release's setup
     cells (it lets memory checks see what the exercise cells themselves hold once they ran).
+    ``checks`` maps each grade_id of the chapter to its hidden test ``check(nb)``; without it they
+    come from the resolver the caller installed (``settings.checks_of``).
     Returns one :class:`Outcome` per grade_id; never raises because of anything the submission
     does.
     """
-    checks = checks_for(chapter)
+    checks = settings.checks_of(chapter) if checks is None else checks
     files = _read_submission(submission_dir)
     outcomes = {}
     for grade_id in grade_ids:

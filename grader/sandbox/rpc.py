@@ -13,7 +13,7 @@ an argument travels as the persistent id ``("handle", id)``::
     ("call", id, args, kwargs)       a call                              → handle
     ("put", value)                   store a judge value                 → handle
     ("fetch", id)                    the object as plain data            → value
-    ("apply", probe, args, kwargs)   run grader.probes.<probe> there     → value
+    ("apply", probe, args, kwargs)   run the trusted probe of that name  → value
     ("release", ids)                 forget handles                      → ok
     ("release", ids, "collect")      ... and run the garbage collector   → ok
 
@@ -44,6 +44,7 @@ import threading
 import time
 from contextlib import contextmanager
 
+from grader.sandbox import trusted
 from grader.sandbox.codec import NotTransferable, decode, too_many_values
 from grader.sandbox.handles import Handle, RemoteNamespace  # noqa: F401 - public here
 
@@ -212,8 +213,9 @@ class Stop(BaseException):
 class _Pickler(pickle.Pickler):
     """Pickles a request; handles travel as references to the worker's table.
 
-    Objects defined in hidden-test modules are refused: the worker could not import them,
-    and a reference implementation must never reach the student's process.
+    Objects defined in hidden-test modules, or anywhere in the grader outside the sandbox and the
+    probe package, are refused (``trusted.may_travel``): the worker could not import them, and a
+    reference implementation must never reach the student's process.
     """
 
     def __init__(self, file, worker):
@@ -230,7 +232,7 @@ class _Pickler(pickle.Pickler):
     def reducer_override(self, obj):
         for candidate in (obj, type(obj)):
             module = getattr(candidate, "__module__", None)
-            if isinstance(module, str) and module.startswith(("grader.hidden", "__main__")):
+            if isinstance(module, str) and not trusted.may_travel(module, self._worker.probes):
                 raise TypeError(f"{module} objects cannot be sent to the student's process")
         return NotImplemented
 
@@ -239,11 +241,14 @@ class Connection:
     """The judge's end of one worker's pipes: requests out, validated replies in.
 
     Subclasses say why the worker went away (:meth:`death_reason`) and how long it may take
-    (``deadline``, ``time.monotonic()`` seconds; ``wall_seconds`` for messages).
+    (``deadline``, ``time.monotonic()`` seconds; ``wall_seconds`` for messages). ``probes`` names
+    the package of trusted probes the worker's fork server loaded (``trusted.py``).
     """
 
-    def __init__(self, req_fd: int, rep_fd: int, deadline: float, wall_seconds: float):
+    def __init__(self, req_fd: int, rep_fd: int, deadline: float, wall_seconds: float,
+                 probes: str | None = None):
         self.req_fd, self.rep_fd = req_fd, rep_fd
+        self.probes = probes
         self.deadline, self.wall_seconds = deadline, wall_seconds
         self.violations: list[str] = []
         self.memory_hit = False

@@ -11,9 +11,11 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 
-# Top-level modules a submission may import (besides the standard library).
+# Top-level modules a submission of any chapter may import (besides the standard library). The
+# chapters add what their own cells import (``imports:`` in their declarations, which the caller
+# hands the sandbox: ``settings.Settings.modules``), e.g. ``kernels`` and ``triton``.
 LIBRARIES = frozenset({
-    "torch", "torchgen", "functorch", "numpy", "coursekit", "kernels", "triton",
+    "torch", "torchgen", "functorch", "numpy", "coursekit",
     "matplotlib", "mpl_toolkits", "matplotlib_inline", "PIL", "contourpy", "cycler", "dateutil",
     "fontTools", "kiwisolver", "pyparsing", "packaging", "six", "tqdm", "sklearn", "scipy",
     "joblib", "threadpoolctl", "sympy", "mpmath", "networkx", "jinja2", "markupsafe", "filelock",
@@ -52,8 +54,10 @@ def _normpath(path: str) -> str:
     return os.path.normpath(os.path.abspath(path))
 
 
-def rules_for(workdir: str, repo_root: str, grader_files: tuple[str, ...]) -> Rules:
-    """The rules for a worker whose own directory is ``workdir``."""
+def rules_for(workdir: str, repo_root: str, grader_files: tuple[str, ...],
+              extra_modules: frozenset[str] = frozenset()) -> Rules:
+    """The rules for a worker whose own directory is ``workdir``; ``extra_modules`` are the
+    top-level modules the chapters declare beyond :data:`LIBRARIES`."""
     paths = sysconfig.get_paths()
     libs = {paths["stdlib"], paths["platstdlib"], paths["purelib"], paths["platlib"],
             os.path.join(sys.base_prefix, "lib", "python%d%d.zip" % sys.version_info[:2])}
@@ -79,5 +83,5 @@ def rules_for(workdir: str, repo_root: str, grader_files: tuple[str, ...]) -> Ru
         read_files=read_files, code_roots=code_roots, code_files=tuple(grader_files),
         quiet_roots=("/etc", "/proc", "/sys", "/usr", "/lib", "/lib64", "/lib32", "/bin",
                      "/sbin", "/dev", "/run", "/var", "/opt", "/snap", "/nix"),
-        modules=(stdlib | LIBRARIES) - DANGEROUS,
+        modules=(stdlib | LIBRARIES | frozenset(extra_modules)) - DANGEROUS,
     )

@@ -23,14 +23,11 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from grader.sandbox import meter
+from grader.sandbox import meter, settings
 from grader.sandbox.forkserver import recv_msg, send_msg
+from grader.sandbox.limits import Limits
 from grader.sandbox.rpc import Connection, Stop
-
-if TYPE_CHECKING:
-    from grader.sandbox.judge import Limits
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVER_START_SECONDS = 180.0
@@ -42,7 +39,7 @@ class _Worker(Connection):
 
     def __init__(self, server: "_Server", pid: int, uid: int, req_fd: int, rep_fd: int,
                  deadline: float, limits: Limits, workdir: str):
-        super().__init__(req_fd, rep_fd, deadline, limits.wall_seconds)
+        super().__init__(req_fd, rep_fd, deadline, limits.wall_seconds, probes=server.probes)
         self.server, self.pid, self.uid, self.limits = server, pid, uid, limits
         self.workdir = workdir  # as the worker sees it
         self.status = None
@@ -161,10 +158,15 @@ def _kill_uid(uid: int) -> None:
 # --- the fork server ----------------------------------------------------------------------------
 
 class _Server:
-    """One long-lived fork server, as the judge sees it; see ``forkserver.py``."""
+    """One long-lived fork server, as the judge sees it; see ``forkserver.py``.
 
-    def __init__(self, mode: str):
+    ``probes`` names the package of trusted probes the server loads (``trusted.py``; None: none).
+    """
+
+    def __init__(self, mode: str, probes: str | None = None, modules: frozenset[str] = frozenset()):
         self.mode = mode
+        self.probes = probes
+        self.modules = frozenset(modules)
         self.lock = threading.Lock()
         self.broken = False
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -174,7 +176,8 @@ class _Server:
         # on /tmp itself would hide a repository or virtual environment that lives under /tmp.
         self.stage = tempfile.mkdtemp(prefix="grader-root-") if mode == "chroot" else ""
         cmd = [sys.executable, "-m", "grader.sandbox.worker", "--control", str(child.fileno()),
-               "--repo", str(REPO_ROOT), "--mode", mode, "--stage", self.stage]
+               "--repo", str(REPO_ROOT), "--mode", mode, "--stage", self.stage, "--probes", probes or "",
+               "--modules", ",".join(sorted(self.modules))]
         unshare = shutil.which("unshare") or "unshare"
         if mode == "chroot":
             cmd = [unshare, "--mount", "--net", "--ipc", "--uts", "--propagation", "private",
@@ -309,17 +312,22 @@ _SERVERS_LOCK = threading.Lock()
 _DEFAULT_MODE: list[str] = []
 
 
-def fork_server(mode: str | None = None) -> _Server:
-    """The running server for ``mode`` (default: the strongest that starts), started on demand."""
+def fork_server(mode: str | None = None, probes: str | None = None) -> _Server:
+    """The running server for ``mode`` (default: the strongest that starts), started on demand.
+
+    It loads the package of trusted probes ``probes`` (default: the one the caller installed,
+    ``settings.current().probes``)."""
+    probes = probes or settings.current().probes
+    modules = settings.extra_modules()
     with _SERVERS_LOCK:
         modes = [mode] if mode else (_DEFAULT_MODE or isolation_modes())
         errors = []
         for m in modes:
-            key = (m, os.environ.get("COURSE_FAST", ""))
+            key = (m, os.environ.get("COURSE_FAST", ""), probes, modules)
             server = _SERVERS.get(key)
             if server is None or not server.alive():
                 try:
-                    server = _SERVERS[key] = _Server(m)
+                    server = _SERVERS[key] = _Server(m, probes, modules)
                 except RuntimeError as e:
                     errors.append(str(e))
                     continue

@@ -1,6 +1,6 @@
 """The sandbox worker: a forked child that locks itself down and serves the judge's requests.
 
-    python -m grader.sandbox.worker --control FD --repo ROOT --mode {chroot,userns,plain}
+    python -m grader.sandbox.worker --control FD --repo ROOT --mode {chroot,userns,plain} [--probes PACKAGE]
 
 This command runs the fork server (``forkserver.py``; the judge starts it, ``supervisor.py``).
 For each problem the server forks a child that runs :func:`_child`: it isolates itself
@@ -74,7 +74,7 @@ def _child(server: Server, spec: dict, req_fd: int, rep_fd: int) -> None:
     torch.set_num_threads(1)
     policy.disarm()
     report = _reporter(rep_fd)
-    rules = policy.rules_for(workdir, server.repo, server.files)
+    rules = policy.rules_for(workdir, server.repo, server.files, server.modules)
     session = Session(req_fd, rep_fd, report, server.snapshot, server.probes)
     policy.install_audit_hook(rules, report)
     session.serve()
@@ -342,9 +342,13 @@ def main(argv=None) -> None:
     parser.add_argument("--repo", required=True)
     parser.add_argument("--mode", choices=("chroot", "userns", "plain"), required=True)
     parser.add_argument("--stage", default="", help="empty directory to build the chroot on")
+    parser.add_argument("--probes", default="", help="the package of trusted probes (every module of it)")
+    parser.add_argument("--modules", default="", help="comma-separated top-level modules a submission may "
+                        "import beyond the base set (the chapters' declared imports)")
     args = parser.parse_args(argv)
     control = socket.socket(fileno=args.control)
-    Server(control, os.path.realpath(args.repo), args.mode, child=_child, stage=args.stage).serve()
+    Server(control, os.path.realpath(args.repo), args.mode, child=_child, stage=args.stage,
+           probe_package=args.probes, modules=frozenset(filter(None, args.modules.split(",")))).serve()
 
 
 if __name__ == "__main__":

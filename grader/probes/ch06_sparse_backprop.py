@@ -1,0 +1,91 @@
+"""Probes of chapter 6 (sparse back-propagation): a sparse linear layer's forward and backward, and
+what the replacement of a model's layers returns."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from coursekit.measure import flop_counter
+
+
+def ch06_linear_run(fn: Callable, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    grad_out: torch.Tensor, k: int, unified: bool = False, x_requires_grad: bool = True,
+                    free_weight: bool = False) -> dict:
+    """Run ``y = fn(x, weight, bias, k, unified=unified)`` on leaf copies (weight and bias require grad,
+    x as asked), then back-propagate ``grad_out``. With ``free_weight`` the weight's storage is released
+    (resized to 0 bytes) between forward and backward, so a backward that reads the weight raises.
+
+    Reports what came back ("type", "attached", "y"), what backward raised ("error": class names and
+    message, or None), the gradients ("dx", "dW", "db"; None where none arrived) and the backward
+    FLOPs (for feedback only)."""
+    x = x.detach().clone().requires_grad_(x_requires_grad)
+    w = weight.detach().clone().requires_grad_(True)
+    b = None if bias is None else bias.detach().clone().requires_grad_(True)
+    y = fn(x, w, b, k, unified=unified)
+    if not isinstance(y, torch.Tensor):
+        return {"type": type(y).__name__, "attached": False, "y": None}
+    out = {"type": "Tensor", "attached": y.grad_fn is not None, "y": y.detach().clone()}
+    if not out["attached"]:
+        return out
+    if free_weight:
+        w.untyped_storage().resize_(0)
+    try:
+        with flop_counter() as bwd:
+            y.backward(grad_out)
+    except Exception as e:  # noqa: BLE001 - reporting what was raised is the point
+        out["error"] = {"types": [c.__name__ for c in type(e).__mro__], "message": str(e)[:300]}
+        return out
+    grad = (lambda t: None if t is None or t.grad is None else t.grad.detach().clone())
+    out.update(error=None, dx=grad(x), dW=grad(w), db=grad(b), backward_flops=bwd.get_total_flops())
+    return out
+
+
+def _ch06_plain(value):
+    return value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)[:100]
+
+
+def ch06_replace_describe(apply_fn: Callable, model: nn.Module, k: int, unified: bool | None = None) -> dict:
+    """Call ``apply_fn(model, k)`` (``unified=`` only when given); describe what came back: every module
+    (name, class name, the name it had before if it is an original module, the names before the call of
+    the Parameters it holds as ``weight`` and ``bias``, and its ``k`` and ``unified`` attributes when it
+    has them), and the parameters (name after, name before or None if new), in order."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    originals = {id(m): n for n, m in model.named_modules()}
+    out = apply_fn(model, k) if unified is None else apply_fn(model, k, unified=unified)
+    if not isinstance(out, nn.Module):
+        return {"returned": type(out).__name__}
+    modules = []
+    for name, m in out.named_modules():
+        held = {}
+        for attr in ("weight", "bias"):
+            t = getattr(m, attr, None)
+            held[attr] = names.get(id(t), "a new tensor") if isinstance(t, torch.Tensor) else None
+        modules.append({"name": name, "class": type(m).__name__, "original": originals.get(id(m)), **held,
+                        "k": _ch06_plain(getattr(m, "k", None)), "unified": _ch06_plain(getattr(m, "unified", None))})
+    return {"returned": "the same model" if out is model else type(out).__name__, "modules": modules,
+            "params": [[n, names.get(id(p))] for n, p in out.named_parameters()]}
+
+
+def ch06_output_layer_run(apply_fn: Callable, model: nn.Module, k: int, unified: bool, h: torch.Tensor,
+                          grad_out: torch.Tensor) -> dict:
+    """Call ``apply_fn(model, k, unified=unified)``, find the module of the result that holds the original
+    output layer's (the last ``nn.Linear``'s) weight as its ``weight``, run it alone on a leaf copy of ``h``
+    and back-propagate ``grad_out``; report its class, output and the gradients of h, weight and bias."""
+    last = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
+    weight, bias = last.weight, last.bias
+    out = apply_fn(model, k, unified=unified)
+    if not isinstance(out, nn.Module):
+        return {"found": False, "returned": type(out).__name__}
+    holders = [m for m in out.modules() if getattr(m, "weight", None) is weight]
+    if not holders:
+        return {"found": False, "returned": "a module without the output layer's weight"}
+    layer = holders[-1]
+    out.zero_grad(set_to_none=True)
+    h = h.detach().clone().requires_grad_(True)
+    y = layer(h)
+    y.backward(grad_out)
+    grad = (lambda t: None if t is None or t.grad is None else t.grad.detach().clone())
+    return {"found": True, "class": type(layer).__name__, "y": y.detach().clone(), "dh": grad(h),
+            "dW": grad(weight), "db": grad(bias)}
