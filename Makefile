@@ -56,7 +56,7 @@ selfcheck: $(STAMP)
 	$(BIN)/python -m grader selfcheck
 
 bench: $(STAMP)
-	$(BIN)/python -m coursekit.bench
+	$(BIN)/python -m grader bench
 
 checkpoints: $(STAMP)
 	$(BIN)/python -m coursekit.pretrain

@@ -1,4 +1,4 @@
-"""Command line: ``python -m grader {release,autograde,selfcheck,demo,time}`` (run from the repository root)."""
+"""Command line: ``python -m grader {release,autograde,selfcheck,demo,time,bench}`` (run from the repository root)."""
 from __future__ import annotations
 
 import argparse
@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--fast", action="store_true", help="fast mode (COURSE_FAST=1), as the tests run")
     t.add_argument("--save", type=Path, default=None, help="directory for the executed notebooks")
 
+    sub.add_parser("bench", help="slow benchmarks: the course's models, then each chapter's declared kernel")
+
     args = p.parse_args(argv)
     try:
         if args.command == "release":
@@ -68,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"wrote {demo.BUILD / ch}.ipynb")
                 return 0
             demo.serve(args.port, chapter_ids=args.chapters or None)
+        if args.command == "bench":
+            from coursekit.bench import main as bench_main
+            from grader.chapters import kernel_modules
+
+            bench_main(kernel_modules())
+            return 0
         if args.command == "time":
             from grader.timing import main as time_main
 

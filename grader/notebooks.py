@@ -4,7 +4,8 @@ A chapter's single source is ``solutions/<chapter_id>.py`` in jupytext percent f
 cell markers (see STYLE.md) become nbgrader metadata here:
 
     # %% exercise="NAME"          -> solution cell, grade_id NAME
-    # %% test="test_NAME" points=N -> locked autograded test cell worth N points
+    # %% test="test_NAME" points=N checks="NAME"
+                                  -> locked autograded test cell worth N points, grading exercise NAME
     # %% tags=["setup"]           -> provided code the autograder runs before the exercises
     # %% tags=["demo"]            -> a slider demo, shown by the lecture dashboards (grader.demo)
 """
@@ -46,6 +47,9 @@ def _nbgrader_meta(cell) -> dict | None:
         points = md.pop("points", None)
         if not isinstance(points, (int, float)) or points <= 0:
             raise ValueError(f"test cell {md['test']!r} needs points=N (a positive number)")
+        checks = md.get("checks")
+        if not isinstance(checks, str) or not checks:
+            raise ValueError(f'test cell {md["test"]!r} needs checks="EXERCISE" (the exercise it grades)')
         return {"grade": True, "grade_id": str(md.pop("test")), "locked": True, "points": points,
                 "schema_version": 3, "solution": False, "task": False}
     return None
@@ -55,15 +59,18 @@ def is_demo(cell) -> bool:
     return DEMO_TAG in cell.get("metadata", {}).get("tags", [])
 
 
-def read_source(chapter: str, demo_tags: bool = False) -> nbformat.NotebookNode:
+def read_source(chapter: str, demo_tags: bool = False, keep_declaration: bool = False,
+                path: Path | None = None) -> nbformat.NotebookNode:
     """The instructor notebook of a chapter (solutions and hidden tests included).
 
     The ``demo`` tag only tells ``python -m grader demo`` which cells its dashboard shows; it is
     dropped unless ``demo_tags`` is true, so that tagging a cell leaves the release unchanged.
+    ``path`` reads a source elsewhere than ``solutions/`` (the tests' toy chapters).
     """
-    path = SOLUTIONS / f"{chapter}.py"
-    nb = jupytext.read(path)
+    nb = jupytext.read(path or SOLUTIONS / f"{chapter}.py")
     nb.metadata.pop("jupytext", None)
+    if not keep_declaration:  # the chapter's declaration (grader.chapters) is not for students
+        nb.metadata.pop("chapter", None)
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     nb.metadata["language_info"] = {"name": "python"}
     nb.metadata["course"] = {
@@ -102,15 +109,17 @@ class Layout:
     setup: tuple[str, ...]  # sources of setup cells, in order
     exercises: tuple[str, ...]  # exercise grade_ids, in order
     tests: tuple[tuple[str, float], ...]  # (test grade_id, points), in order
-    # (exercise, its test grade_ids): the graded test cells after an exercise cell, up to the next one
+    # (exercise, its test grade_ids): the graded test cells that name it (``checks``), in order
     exercise_tests: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def tests_of(self, exercise: str) -> tuple[str, ...]:
-        """The graded test cells that belong to ``exercise`` (they follow its cell in the release)."""
+        """The graded test cells that grade ``exercise`` (each names it in its ``checks`` metadata)."""
         return dict(self.exercise_tests).get(exercise, ())
 
 
 def layout(nb: nbformat.NotebookNode, chapter: str) -> Layout:
+    """Cells by role. Each graded test cell names the exercise it grades (``checks``), which must
+    come before it in the notebook."""
     setup, exercises, tests, owned = [], [], [], {}
     for cell in nb.cells:
         meta = cell.get("metadata", {}).get("nbgrader", {})
@@ -121,8 +130,11 @@ def layout(nb: nbformat.NotebookNode, chapter: str) -> Layout:
             owned[meta["grade_id"]] = []
         elif meta.get("grade"):
             tests.append((meta["grade_id"], float(meta["points"])))
-            if exercises:
-                owned[exercises[-1]].append(meta["grade_id"])
+            checks = cell.get("metadata", {}).get("checks")
+            if checks not in owned:
+                raise ValueError(f"{chapter}: test cell {meta['grade_id']!r} checks {checks!r}, which is not an "
+                                 f"exercise before it (exercises so far: {', '.join(owned) or 'none'})")
+            owned[checks].append(meta["grade_id"])
         elif "setup" in cell.metadata.get("tags", []):
             setup.append(cell.source)
     return Layout(chapter, tuple(setup), tuple(exercises), tuple(tests),
@@ -144,26 +156,6 @@ def graded_check_line(chapter: str, exercise: str) -> str:
     grader will (setup cells, then exercise cells, in a fresh namespace) before the visible asserts."""
     return (f'from coursekit.graded import check_as_graded; check_as_graded("{chapter}", "{exercise}")'
             "  # runs your exercise cells as the grader does")
-
-
-def with_graded_checks(nb: nbformat.NotebookNode, chapter: str) -> nbformat.NotebookNode:
-    """``nb`` with :func:`graded_check_line` at the top of every graded test cell that follows an
-    exercise (``Layout.tests_of``); the cell's hidden-test region is left as it is."""
-    from grader.api import gates  # the hidden tests' registry: instructor side only
-
-    lay = layout(nb, chapter)
-    owner = {gid: ex for ex in lay.exercises for gid in lay.tests_of(ex)}
-    needs = gates(chapter, lay)
-    for cell in nb.cells:
-        gid = grade_id(cell)
-        if cell.cell_type != "code" or gid not in owner or not cell.metadata["nbgrader"].get("grade"):
-            continue
-        lines = [graded_check_line(chapter, owner[gid])]
-        if gid in needs:
-            lines.append(gate_line(needs[gid]))
-        if not cell.source.startswith(lines[0] + "\n"):
-            cell.source = "\n".join(lines) + "\n" + cell.source
-    return nb
 
 
 def gate_line(needs: tuple[str, ...]) -> str:

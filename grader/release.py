@@ -1,7 +1,7 @@
 """``python -m grader release``: solutions/ -> course/*.ipynb through nbgrader generate_assignment.
 
 Each graded test cell first gets one line that runs its exercise the way the grader will
-(``grader.notebooks.with_graded_checks``, ``coursekit.graded``); the instructor notebook
+(``with_graded_checks``, ``coursekit.graded``); the instructor notebook
 (``read_source``) stays as its source is. nbgrader then replaces every ``### BEGIN SOLUTION``
 region with a stub, deletes hidden-test regions, clears outputs and records checksums. The
 result is written to ``course/<chapter_id>.ipynb``; it is generated, never edited by hand, and
@@ -16,7 +16,9 @@ from pathlib import Path
 
 import nbformat
 
-from grader.notebooks import COURSE, chapters, check_chapter_id, read_source, with_graded_checks
+from grader.api import gates
+from grader.notebooks import (COURSE, chapters, check_chapter_id, gate_line, grade_id,
+                              graded_check_line, layout, read_source)
 
 
 def nbgrader_env() -> None:
@@ -37,6 +39,24 @@ def nbgrader_api(root: Path, db_url: str):
     c.CourseDirectory.db_url = db_url
     c.CourseDirectory.course_id = "efficient-training"
     return NbGraderAPI(coursedir=CourseDirectory(config=c), config=c)
+
+
+def with_graded_checks(nb: nbformat.NotebookNode, chapter: str) -> nbformat.NotebookNode:
+    """``nb`` with :func:`graded_check_line` at the top of every graded test cell that follows an
+    exercise (``Layout.tests_of``); the cell's hidden-test region is left as it is."""
+    lay = layout(nb, chapter)
+    owner = {gid: ex for ex in lay.exercises for gid in lay.tests_of(ex)}
+    needs = gates(chapter, lay)
+    for cell in nb.cells:
+        gid = grade_id(cell)
+        if cell.cell_type != "code" or gid not in owner or not cell.metadata["nbgrader"].get("grade"):
+            continue
+        lines = [graded_check_line(chapter, owner[gid])]
+        if gid in needs:
+            lines.append(gate_line(needs[gid]))
+        if not cell.source.startswith(lines[0] + "\n"):
+            cell.source = "\n".join(lines) + "\n" + cell.source
+    return nb
 
 
 def generate(chapter_ids: list[str], root: Path, db_url: str) -> dict[str, nbformat.NotebookNode]:

@@ -1,5 +1,8 @@
 # ---
 # jupyter:
+#   chapter:
+#     title: "Where training memory goes"
+#     imports: []
 #   jupytext:
 #     text_representation:
 #       extension: .py
@@ -213,7 +216,7 @@ def predict_training_memory(model, batch_size, optimizer):
     ### END SOLUTION
 
 
-# %% test="test_predict_training_memory" points=2
+# %% test="test_predict_training_memory" points=2 checks="predict_training_memory"
 # Activations of mlp([6, 10, 3]) at batch 4: section 2 counted 352 bytes.
 got = predict_training_memory(mlp([6, 10, 3]), 4, "adam")
 assert isinstance(got, dict), f"return a dict, got {type(got).__name__}"
@@ -239,7 +242,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch00_memory", "test_predict_training_memory", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_predict_training_memory_model_state" points=1
+# %% test="test_predict_training_memory_model_state" points=1 checks="predict_training_memory"
 # Model state of mlp([6, 10, 3]): 6·10 + 10 + 10·3 + 3 = 103 values, 412 bytes.
 got = predict_training_memory(mlp([6, 10, 3]), 4, "adam")
 assert {"params", "grads", "optimizer_state"} <= set(got), f"missing keys in {sorted(got)}"
@@ -255,7 +258,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch00_memory", "test_predict_training_memory_model_state", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_predict_training_memory_errors" points=1
+# %% test="test_predict_training_memory_errors" points=1 checks="predict_training_memory"
 try:
     predict_training_memory(mlp([6, 10, 3]), 4, "rmsprop")
 except ValueError as e:

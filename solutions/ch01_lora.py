@@ -1,5 +1,9 @@
 # ---
 # jupyter:
+#   chapter:
+#     title: "LoRA and adapters"
+#     imports: []
+#     checkpoints: [tinygpt_fibonacci]
 #   jupytext:
 #     text_representation:
 #       extension: .py
@@ -154,7 +158,7 @@ class LoRALinear(nn.Module):
         ### END SOLUTION
 
 
-# %% test="test_lora_linear" points=2
+# %% test="test_lora_linear" points=2 checks="LoRALinear"
 torch.manual_seed(0)
 base = nn.Linear(6, 5)
 W0 = base.weight.detach().clone()
@@ -180,7 +184,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch01_lora", "test_lora_linear", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_lora_linear_frozen" points=1
+# %% test="test_lora_linear_frozen" points=1 checks="LoRALinear"
 torch.manual_seed(0)
 frozen_base = nn.Linear(6, 5)
 frozen_layer = LoRALinear(frozen_base, rank=2, alpha=4.0)
@@ -194,7 +198,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch01_lora", "test_lora_linear_frozen", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_lora_linear_merge" points=1
+# %% test="test_lora_linear_merge" points=1 checks="LoRALinear"
 merged = layer.merge()  # the layer of the first test, with B = 0.5
 assert type(merged) is nn.Linear and merged is not base, "merge() returns a new nn.Linear"
 torch.testing.assert_close(merged(x), layer(x), msg="the merged layer computes the same function")
@@ -206,7 +210,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch01_lora", "test_lora_linear_merge", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_lora_linear_errors" points=1
+# %% test="test_lora_linear_errors" points=1 checks="LoRALinear"
 for bad in (0, -1, 2.5, "4"):
     try:
         LoRALinear(nn.Linear(6, 5), bad, 1.0)
@@ -302,7 +306,7 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, targets) -> nn.Module:
     ### END SOLUTION
 
 
-# %% test="test_apply_lora" points=2
+# %% test="test_apply_lora" points=2 checks="apply_lora"
 from coursekit.transformer import GPTConfig, TinyGPT
 
 torch.manual_seed(0)
@@ -320,7 +324,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch01_lora", "test_apply_lora", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_apply_lora_frozen" points=1
+# %% test="test_apply_lora_frozen" points=1 checks="apply_lora"
 trainable = {n: p.numel() for n, p in tiny.named_parameters() if p.requires_grad}  # the model of the first test
 assert all(n.endswith(("lora_A", "lora_B")) for n in trainable), f"only LoRA trains, not {sorted(trainable)}"
 expected = 2 * 2 * ((16 + 48) + (16 + 64))  # layers x rank x (in + out), for qkv and fc1
@@ -330,7 +334,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch01_lora", "test_apply_lora_frozen", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_apply_lora_edge_cases" points=1
+# %% test="test_apply_lora_edge_cases" points=1 checks="apply_lora"
 torch.manual_seed(0)
 edge = nn.ModuleDict({"fc1": nn.Linear(4, 3),  # a top-level name equal to a target
                       "attn": nn.ModuleDict({"qkv": nn.Conv1d(4, 4, 1)}),  # named like a target, not a Linear
@@ -393,7 +397,7 @@ class Adapter(nn.Module):
         ### END SOLUTION
 
 
-# %% test="test_adapter" points=2
+# %% test="test_adapter" points=2 checks="Adapter"
 torch.manual_seed(0)
 adapter = Adapter(12, 3)
 assert tuple(adapter.down.weight.shape) == (3, 12) and tuple(adapter.up.weight.shape) == (12, 3), \
@@ -410,7 +414,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch01_lora", "test_adapter", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_adapter_init" points=1
+# %% test="test_adapter_init" points=1 checks="Adapter"
 torch.manual_seed(0)
 fresh = Adapter(12, 3)
 assert torch.all(fresh.up.weight == 0) and torch.all(fresh.up.bias == 0), "zero-initialise up"

@@ -1,5 +1,8 @@
 # ---
 # jupyter:
+#   chapter:
+#     title: "Activation checkpointing"
+#     imports: []
 #   jupytext:
 #     text_representation:
 #       extension: .py
@@ -213,7 +216,7 @@ def checkpoint(function, *args):
     ### END SOLUTION
 
 
-# %% test="test_checkpoint" points=2
+# %% test="test_checkpoint" points=2 checks="checkpoint"
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(6, 9), nn.ReLU(), nn.Linear(9, 4))
 x = torch.randn(5, 6, requires_grad=True)
@@ -236,7 +239,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_checkpoint_rng" points=1
+# %% test="test_checkpoint_rng" points=1 checks="checkpoint"
 torch.manual_seed(0)
 dropout_net = nn.Sequential(nn.Linear(6, 9), nn.ReLU(), nn.Dropout(0.5), nn.Linear(9, 4))
 x.grad = None
@@ -260,7 +263,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_rng", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_checkpoint_edge_cases" points=1
+# %% test="test_checkpoint_edge_cases" points=1 checks="checkpoint"
 data = torch.randn(5, 6)  # like a batch of data: no gradient needed
 net.zero_grad()
 net(data).sum().backward()
@@ -279,7 +282,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_edge_cases", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_checkpoint_memory" points=1
+# %% test="test_checkpoint_memory" points=1 checks="checkpoint"
 from coursekit import saved_tensors
 
 runs = []
@@ -391,7 +394,7 @@ def checkpoint_uniform(layers, x, segments):
     ### END SOLUTION
 
 
-# %% test="test_checkpoint_uniform" points=2
+# %% test="test_checkpoint_uniform" points=2 checks="checkpoint_uniform"
 from coursekit import saved_tensors
 
 torch.manual_seed(0)
@@ -409,7 +412,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_uniform", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_checkpoint_uniform_edge_cases" points=1
+# %% test="test_checkpoint_uniform_edge_cases" points=1 checks="checkpoint_uniform"
 for bad in (0, 11, 2.5):
     try:
         checkpoint_uniform(chain, x, bad)
@@ -454,7 +457,7 @@ def checkpoint_blocks(layers, x, block_size):
     ### END SOLUTION
 
 
-# %% test="test_checkpoint_blocks" points=2
+# %% test="test_checkpoint_blocks" points=2 checks="checkpoint_blocks"
 out = checkpoint_blocks(chain, x, 4)
 assert torch.equal(out, nn.Sequential(*chain)(x)), "the output must equal running the layers in order"
 with saved_tensors(*chain) as saved:
@@ -467,7 +470,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_blocks", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_checkpoint_blocks_edge_cases" points=1
+# %% test="test_checkpoint_blocks_edge_cases" points=1 checks="checkpoint_blocks"
 for bad in (0, -2, 2.5):
     try:
         checkpoint_blocks(chain, x, bad)
@@ -724,7 +727,7 @@ def plan_checkpoints(act_bytes, fwd_flops, budget_bytes):
     ### END SOLUTION
 
 
-# %% test="test_plan_checkpoints" points=3
+# %% test="test_plan_checkpoints" points=3 checks="plan_checkpoints"
 import itertools
 
 
@@ -750,7 +753,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_plan_checkpoints", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_plan_checkpoints_edge_cases" points=1
+# %% test="test_plan_checkpoints_edge_cases" points=1 checks="plan_checkpoints"
 assert plan_checkpoints([7], [3], 7) == [0], "one layer: the plan is [0], its input stored, nothing recomputed"
 for args, why in (((act, fwd, 18), "no plan fits in 18 bytes here (the leanest needs 19)"),
                   (([7], [3], 6), "one layer whose input alone exceeds the budget"),
@@ -766,7 +769,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_plan_checkpoints_edge_cases", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_plan_checkpoints_long_chain" points=1
+# %% test="test_plan_checkpoints_long_chain" points=1 checks="plan_checkpoints"
 gen = torch.Generator().manual_seed(0)
 act_long = (4 * torch.randint(1, 4, (30,), generator=gen)).tolist()  # 30 layers: 2^29 plans, too many to try
 fwd_long = torch.randint(1, 4, (30,), generator=gen).tolist()

@@ -1,5 +1,8 @@
 # ---
 # jupyter:
+#   chapter:
+#     title: "Gradient accumulation"
+#     imports: []
 #   jupytext:
 #     text_representation:
 #       extension: .py
@@ -221,7 +224,7 @@ def accumulate_gradients(model: nn.Module, loss_fn: nn.Module, inputs: torch.Ten
     ### END SOLUTION
 
 
-# %% test="test_accumulate_gradients" points=2
+# %% test="test_accumulate_gradients" points=2 checks="accumulate_gradients"
 import copy
 
 
@@ -261,7 +264,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_accumulate_gradients", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_accumulate_gradients_memory" points=1
+# %% test="test_accumulate_gradients_memory" points=1 checks="accumulate_gradients"
 net = CountingModel(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)))
 accumulate_gradients(net, nn.CrossEntropyLoss(), x, y, micro_batch_size=4)
 assert net.sizes == [4, 4, 2], f"forwarded batches of {net.sizes}, expected micro-batches of 4, 4 and 2"
@@ -273,7 +276,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_accumulate_gradients_memory", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_accumulate_gradients_loss" points=1
+# %% test="test_accumulate_gradients_loss" points=1 checks="accumulate_gradients"
 net = copy.deepcopy(full)
 net.zero_grad()  # .grad is None on entry
 loss = accumulate_gradients(net, nn.CrossEntropyLoss(), x, y, micro_batch_size=4)
@@ -285,7 +288,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_accumulate_gradients_loss", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_accumulate_gradients_edge_cases" points=1
+# %% test="test_accumulate_gradients_edge_cases" points=1 checks="accumulate_gradients"
 for m in (10, 64):  # m >= B: one forward of the whole batch
     net = CountingModel(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)))
     accumulate_gradients(net, nn.CrossEntropyLoss(), x, y, micro_batch_size=m)
@@ -360,7 +363,7 @@ def train_accumulated(model: nn.Module, optimizer: torch.optim.Optimizer, loss_f
     ### END SOLUTION
 
 
-# %% test="test_train_accumulated" points=2
+# %% test="test_train_accumulated" points=2 checks="train_accumulated"
 torch.manual_seed(0)
 loader = [(torch.randn(10, 6), torch.randn(10, 2)) for _ in range(2)]
 net_a, net_b = nn.Linear(6, 2), nn.Linear(6, 2)
@@ -384,7 +387,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_train_accumulated", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_train_accumulated_memory" points=1
+# %% test="test_train_accumulated_memory" points=1 checks="train_accumulated"
 counted = CountingModel(nn.Linear(6, 2))
 train_accumulated(counted, torch.optim.SGD(counted.parameters(), lr=0.1), nn.MSELoss(), loader,
                   micro_batch_size=3, steps=2)
@@ -395,7 +398,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_train_accumulated_memory", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_train_accumulated_edge_cases" points=1
+# %% test="test_train_accumulated_edge_cases" points=1 checks="train_accumulated"
 net_c = nn.Linear(6, 2)
 losses = train_accumulated(net_c, torch.optim.SGD(net_c.parameters(), lr=0.1), nn.MSELoss(), loader,
                            micro_batch_size=3, steps=3)

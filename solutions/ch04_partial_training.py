@@ -1,5 +1,9 @@
 # ---
 # jupyter:
+#   chapter:
+#     title: "Last layer, BatchNorm, bias-only with 1-bit ReLU masks"
+#     imports: []
+#     checkpoints: [transfer_cnn_digits]
 #   jupytext:
 #     text_representation:
 #       extension: .py
@@ -161,7 +165,7 @@ def set_trainable(model, mode):
     ### END SOLUTION
 
 
-# %% test="test_set_trainable" points=1
+# %% test="test_set_trainable" points=1 checks="set_trainable"
 model = load_pretrained_cnn()
 counts = {mode: set_trainable(model, mode) for mode in ("full", "last", "bn+last", "bias+last")}
 assert counts["full"] == count_parameters(model), "full: every parameter is trainable"
@@ -181,7 +185,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch04_partial_training", "test_set_trainable", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_set_trainable_errors" points=1
+# %% test="test_set_trainable_errors" points=1 checks="set_trainable"
 for bad_mode in ("lora", "bias"):
     try:
         set_trainable(model, bad_mode)
@@ -345,7 +349,7 @@ def pack_bits(mask):
     ### END SOLUTION
 
 
-# %% test="test_pack_bits" points=1
+# %% test="test_pack_bits" points=1 checks="pack_bits"
 m = torch.tensor([True, False, True, True, False, False, False, False, True])  # n = 9: two bytes
 packed = pack_bits(m)
 assert packed.dtype == torch.uint8 and packed.shape == (2,), \
@@ -357,7 +361,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch04_partial_training", "test_pack_bits", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_pack_bits_errors" points=1
+# %% test="test_pack_bits_errors" points=1 checks="pack_bits"
 for not_a_mask in (torch.ones(8), torch.ones(8, dtype=torch.uint8)):
     try:
         pack_bits(not_a_mask)
@@ -402,7 +406,7 @@ def unpack_bits(packed, numel):
     ### END SOLUTION
 
 
-# %% test="test_unpack_bits" points=1
+# %% test="test_unpack_bits" points=1 checks="unpack_bits"
 assert unpack_bits(torch.tensor([13, 1], dtype=torch.uint8), 9).tolist() == [
     True, False, True, True, False, False, False, False, True]
 garbage_tail = torch.tensor([255, 0b11111101], dtype=torch.uint8)  # only the lowest 2 bits of byte 1 count
@@ -476,7 +480,7 @@ def relu_1bit(x):
     ### END SOLUTION
 
 
-# %% test="test_relu_1bit" points=1
+# %% test="test_relu_1bit" points=1 checks="relu_1bit"
 torch.manual_seed(0)
 x = torch.randn(3, 5, 7)  # 105 elements: not a multiple of 8
 x[0, 0, :3] = 0.0  # torch.relu's gradient at 0 is 0
@@ -493,7 +497,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch04_partial_training", "test_relu_1bit", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_relu_1bit_memory" points=2
+# %% test="test_relu_1bit_memory" points=2 checks="relu_1bit"
 from coursekit import saved_tensors
 
 x1 = x.clone().requires_grad_(True)

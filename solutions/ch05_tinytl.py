@@ -1,5 +1,10 @@
 # ---
 # jupyter:
+#   chapter:
+#     title: "TinyTL lite residual learning (Triton bit packing)"
+#     imports: [kernels]
+#     kernel: kernels.ch05_tinytl
+#     checkpoints: [transfer_cnn_digits, transfer_mobilenet_digits]
 #   jupytext:
 #     text_representation:
 #       extension: .py
@@ -173,7 +178,7 @@ print(f"{kept['nn.ReLU'] / kept['relu_packed']:.0f}× less")
 
 # %% [markdown]
 # Exactly $4n$ bytes against $n/8$, with the same values and gradients (the kernel tests in
-# `tests/test_kernels_ch05.py` check both, on sizes that are not multiples of 8 or of the block).
+# `tests/test_kernels_ch05_tinytl.py` check both, on sizes that are not multiples of 8 or of the block).
 #
 # ## 3. The lite residual
 #
@@ -287,7 +292,7 @@ class LiteResidual(nn.Module):
         ### END SOLUTION
 
 
-# %% test="test_LiteResidual" points=2
+# %% test="test_LiteResidual" points=2 checks="LiteResidual"
 lite = LiteResidual(6, 8, stride=2)
 x_lite = torch.randn(4, 6, 7, 9)
 out = lite(x_lite)
@@ -309,7 +314,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch05_tinytl", "test_LiteResidual", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_LiteResidual_memory" points=1
+# %% test="test_LiteResidual_memory" points=1 checks="LiteResidual"
 with saved_tensors() as rec:
     LiteResidual(16, 16)(torch.randn(4, 16, 16, 16, requires_grad=True))
 pooled_bytes = 4 * 16 * 8 * 8 * 4  # one (4, 16, 8, 8) fp32 tensor
@@ -321,7 +326,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch05_tinytl", "test_LiteResidual_memory", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_LiteResidual_edge_cases" points=1
+# %% test="test_LiteResidual_edge_cases" points=1 checks="LiteResidual"
 for bad in (dict(groups=4), dict(groups=0), dict(downsample=0), dict(stride=0), dict(kernel_size=4),
             dict(kernel_size=-1), dict(in_channels=0)):
     try:
@@ -392,7 +397,7 @@ def apply_tinytl(model):
     ### END SOLUTION
 
 
-# %% test="test_apply_tinytl" points=2
+# %% test="test_apply_tinytl" points=2 checks="apply_tinytl"
 base = load_pretrained_cnn()
 tiny = apply_tinytl(load_pretrained_cnn())
 x_check = target.test.x[:16]
@@ -412,7 +417,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch05_tinytl", "test_apply_tinytl", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_apply_tinytl_memory" points=1
+# %% test="test_apply_tinytl_memory" points=1 checks="apply_tinytl"
 with saved_tensors(tiny) as rec:
     tiny.train()(x_step)
 assert not any(s.dtype == torch.float32 and s.shape == (32, 32, 8, 8) for s in rec.tensors), \
@@ -422,7 +427,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch05_tinytl", "test_apply_tinytl_memory", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_apply_tinytl_trains" points=1
+# %% test="test_apply_tinytl_trains" points=1 checks="apply_tinytl"
 tiny = apply_tinytl(load_pretrained_cnn())
 opt_check = torch.optim.Adam([p for p in tiny.parameters() if p.requires_grad], lr=1e-2)
 start_check = {n: p.detach().clone() for n, p in tiny.named_parameters() if p.requires_grad}

@@ -1,5 +1,9 @@
 # ---
 # jupyter:
+#   chapter:
+#     title: "Sparse backpropagation: meProp (Triton gather-GEMM)"
+#     imports: []
+#     kernel: kernels.ch06_sparse_backprop
 #   jupytext:
 #     text_representation:
 #       extension: .py
@@ -184,7 +188,7 @@ def meprop_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     ### END SOLUTION
 
 
-# %% test="test_meprop_linear_values" points=4
+# %% test="test_meprop_linear_values" points=4 checks="meprop_linear"
 x_t = torch.tensor([[1.0, 2.0, -1.0], [0.5, -1.0, 3.0]], requires_grad=True)  # B = 2, n_in = 3
 w_t = torch.arange(12.0).reshape(4, 3).div(10).requires_grad_()  # n_out = 4
 b_t = torch.zeros(4, requires_grad=True)
@@ -204,7 +208,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch06_sparse_backprop", "test_meprop_linear_values", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_meprop_linear_unified" points=3
+# %% test="test_meprop_linear_unified" points=3 checks="meprop_linear"
 x_t = torch.tensor([[1.0, 2.0, -1.0], [0.5, -1.0, 3.0]], requires_grad=True)
 w_t = torch.arange(12.0).reshape(4, 3).div(10).requires_grad_()
 b_t = torch.zeros(4, requires_grad=True)
@@ -221,7 +225,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch06_sparse_backprop", "test_meprop_linear_unified", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_meprop_linear_compute" points=2
+# %% test="test_meprop_linear_compute" points=2 checks="meprop_linear"
 gen_t = torch.Generator().manual_seed(0)
 x_t = torch.randn(37, 29, generator=gen_t).requires_grad_()
 w_t = torch.randn(53, 29, generator=gen_t).requires_grad_()
@@ -236,7 +240,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch06_sparse_backprop", "test_meprop_linear_compute", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_meprop_linear_edge_cases" points=2
+# %% test="test_meprop_linear_edge_cases" points=2 checks="meprop_linear"
 gen_t = torch.Generator().manual_seed(1)
 x_t = torch.randn(6, 5, generator=gen_t)  # needs no grad: dx must not be computed
 w_t = torch.randn(9, 5, generator=gen_t).requires_grad_()
@@ -448,7 +452,7 @@ def apply_meprop(model: nn.Module, k: int, unified: bool = False) -> nn.Module:
     ### END SOLUTION
 
 
-# %% test="test_apply_meprop" points=2
+# %% test="test_apply_meprop" points=2 checks="apply_meprop"
 model_t = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 16, bias=False), nn.ReLU()),
                         nn.Linear(16, 3))
 params_t = list(model_t.named_parameters())
@@ -465,7 +469,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch06_sparse_backprop", "test_apply_meprop", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_apply_meprop_output_layer" points=1
+# %% test="test_apply_meprop_output_layer" points=1 checks="apply_meprop"
 model_t = apply_meprop(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 5)), 2)
 h_t = torch.randn(4, 16)
 g_t = torch.randn(4, 5)

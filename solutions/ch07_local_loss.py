@@ -1,5 +1,8 @@
 # ---
 # jupyter:
+#   chapter:
+#     title: "Local losses and decoupled greedy learning (predsim, DGL schedules)"
+#     imports: []
 #   jupytext:
 #     text_representation:
 #       extension: .py
@@ -211,7 +214,7 @@ def similarity_matrix(h: torch.Tensor) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% test="test_similarity_matrix_values" points=3
+# %% test="test_similarity_matrix_values" points=3 checks="similarity_matrix"
 torch.manual_seed(0)
 h = torch.randn(5, 7, dtype=torch.float64, requires_grad=True)
 S = similarity_matrix(h)
@@ -230,7 +233,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch07_local_loss", "test_similarity_matrix_values", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_similarity_matrix_conv" points=2
+# %% test="test_similarity_matrix_conv" points=2 checks="similarity_matrix"
 maps = torch.randn(4, 6, 3, 5, dtype=torch.float64)
 z = maps.flatten(2).std(dim=2)  # (4, 6) per-channel std over the 15 positions
 z = z - z.mean(1, keepdim=True)
@@ -245,7 +248,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch07_local_loss", "test_similarity_matrix_conv", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_similarity_matrix_edge_cases" points=1
+# %% test="test_similarity_matrix_edge_cases" points=1 checks="similarity_matrix"
 const = torch.ones(3, 4)
 const[1] = torch.arange(4.0)
 S = similarity_matrix(const)
@@ -304,7 +307,7 @@ def predsim_loss(h: torch.Tensor, y: torch.Tensor, sim_head: nn.Module, pred_hea
     ### END SOLUTION
 
 
-# %% test="test_predsim_loss_values" points=3
+# %% test="test_predsim_loss_values" points=3 checks="predsim_loss"
 torch.manual_seed(0)
 h = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
 y = torch.tensor([0, 1, 2, 0, 1, 2])
@@ -324,7 +327,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch07_local_loss", "test_predsim_loss_values", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_predsim_loss_conv" points=1
+# %% test="test_predsim_loss_conv" points=1 checks="predsim_loss"
 maps = torch.randn(4, 5, 3, 3, dtype=torch.float64)
 conv = nn.Conv2d(5, 5, 3, padding=1, bias=False).double()
 linear = nn.Linear(45, 3).double()
@@ -338,7 +341,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch07_local_loss", "test_predsim_loss_conv", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_predsim_loss_edge_cases" points=1
+# %% test="test_predsim_loss_edge_cases" points=1 checks="predsim_loss"
 h, y = torch.randn(6, 5, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1, 2])
 only_pred = predsim_loss(h, y, sim_head, pred_head, 3, beta=0.0)
 torch.testing.assert_close(only_pred, F.cross_entropy(pred_head(h), y), msg="beta = 0 is the pred loss alone")
@@ -420,7 +423,7 @@ def local_training_step(blocks: list[nn.Module], heads: list[nn.Module], optimiz
     ### END SOLUTION
 
 
-# %% test="test_local_training_step_values" points=4
+# %% test="test_local_training_step_values" points=4 checks="local_training_step"
 def tiny_net(seed: int, lrs=(0.1, 0.2)):
     torch.manual_seed(seed)
     blocks = [LocalBlock(6, 5), Classifier(5, 3)]
@@ -453,7 +456,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch07_local_loss", "test_local_training_step_values", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_local_training_step_detach" points=3
+# %% test="test_local_training_step_detach" points=3 checks="local_training_step"
 blocks, heads, optimizers = tiny_net(1)
 x_needs_grad = torch.randn(8, 6, requires_grad=True)
 local_training_step(blocks, heads, optimizers, x_needs_grad, y)
@@ -463,7 +466,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch07_local_loss", "test_local_training_step_detach", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_local_training_step_dropout" points=2
+# %% test="test_local_training_step_dropout" points=2 checks="local_training_step"
 torch.manual_seed(2)
 block = LocalBlock(6, 5, dropout=0.5)
 head = PredSimHead(5, 3, beta=0.0)
@@ -478,7 +481,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch07_local_loss", "test_local_training_step_dropout", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_local_training_step_returns" points=1
+# %% test="test_local_training_step_returns" points=1 checks="local_training_step"
 blocks, heads, optimizers = tiny_net(3)
 losses = local_training_step(blocks, heads, optimizers, x, y)
 assert isinstance(losses, list) and len(losses) == 2, "return one loss per block, in a list"
@@ -778,7 +781,7 @@ def bp_schedule(fwd: list, bwd: list, n_batches: int) -> tuple[list[list], list[
     ### END SOLUTION
 
 
-# %% test="test_bp_schedule_values" points=3
+# %% test="test_bp_schedule_values" points=3 checks="bp_schedule"
 F_bp, B_bp = bp_schedule([1, 2], [3, 4], 2)
 assert F_bp == [[0, 10], [1, 11]], f"forward starts {F_bp}: block 1 starts batch 0 at f_0 = 1; batch 1 waits for " \
     "block 0's update, which ends at 10"
@@ -791,7 +794,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch07_local_loss", "test_bp_schedule_values", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_bp_schedule_errors" points=1
+# %% test="test_bp_schedule_errors" points=1 checks="bp_schedule"
 for args in (([1, 2], [3], 2), ([], [], 2), ([1, 0], [1, 1], 2), ([1], [1], 0)):
     try:
         bp_schedule(*args)
@@ -850,7 +853,7 @@ def dgl_schedule(fwd: list, bwd: list, n_batches: int) -> tuple[list[list], list
     ### END SOLUTION
 
 
-# %% test="test_dgl_schedule_values" points=3
+# %% test="test_dgl_schedule_values" points=3 checks="dgl_schedule"
 F_dgl, B_dgl = dgl_schedule([1, 2], [3, 4], 2)
 assert F_dgl == [[0, 4], [1, 7]], f"forward starts {F_dgl}: block 1 starts batch 0 at f_0 = 1, batch 1 when its " \
     "own batch 0 is done (1 + 2 + 4)"
@@ -862,7 +865,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch07_local_loss", "test_dgl_schedule_values", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_dgl_schedule_errors" points=1
+# %% test="test_dgl_schedule_errors" points=1 checks="dgl_schedule"
 for args in (([1, 2], [3], 2), ([], [], 2), ([1, -1], [1, 1], 2), ([1], [1], True)):
     try:
         dgl_schedule(*args)

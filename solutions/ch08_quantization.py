@@ -1,5 +1,10 @@
 # ---
 # jupyter:
+#   chapter:
+#     title: "Number formats, NF4, QLoRA (Triton NF4 dequantize)"
+#     imports: []
+#     kernel: kernels.ch08_quantization
+#     checkpoints: [tinygpt_fibonacci]
 #   jupytext:
 #     text_representation:
 #       extension: .py
@@ -147,7 +152,7 @@ def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% test="test_round_to_bf16" points=2
+# %% test="test_round_to_bf16" points=2 checks="round_to_bf16"
 x = torch.tensor([1.0, -2.5, 0.1, 3.14159, 1e-20, 3.3e38, -65504.0])
 got = round_to_bf16(x)
 assert got.dtype == torch.float32 and got.shape == x.shape, "float32 in, float32 of the same shape out"
@@ -161,7 +166,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch08_quantization", "test_round_to_bf16", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_round_to_bf16_edge_cases" points=1
+# %% test="test_round_to_bf16_edge_cases" points=1 checks="round_to_bf16"
 edges = torch.tensor([1e-40, -1e-40, 0.0, -0.0, 3.3e38, -3.4e38, float("inf"), -float("inf")])  # subnormals, ...
 got = round_to_bf16(edges)
 assert torch.equal(got.view(torch.int32), edges.to(torch.bfloat16).float().view(torch.int32)), \
@@ -311,7 +316,7 @@ def absmax_quantize(x: torch.Tensor, bits: int, block_size: int) -> tuple[torch.
     ### END SOLUTION
 
 
-# %% test="test_absmax_quantize" points=2
+# %% test="test_absmax_quantize" points=2 checks="absmax_quantize"
 x = torch.tensor([[0.5, -0.9, 0.25, 2.0], [0.0, -0.75, 0.1, 0.2]])
 codes, scales = absmax_quantize(x, bits=3, block_size=4)  # q_max = 3; 8 values -> 2 blocks (the rows)
 assert codes.dtype == torch.int8 and tuple(codes.shape) == (2, 4), \
@@ -324,7 +329,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch08_quantization", "test_absmax_quantize", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_absmax_quantize_edge_cases" points=1
+# %% test="test_absmax_quantize_edge_cases" points=1 checks="absmax_quantize"
 x = torch.tensor([[0.5, -0.9, 0.25], [2.0, 0.0, -0.75], [0.1, 0.2, 0.3]])
 codes, scales = absmax_quantize(x, bits=3, block_size=4)  # 9 values -> 3 blocks, the last one padded
 assert tuple(codes.shape) == (3, 4) and codes[2].tolist() == [3, 0, 0, 0], \
@@ -372,7 +377,7 @@ def absmax_dequantize(codes: torch.Tensor, scales: torch.Tensor, block_size: int
     ### END SOLUTION
 
 
-# %% test="test_absmax_dequantize" points=1
+# %% test="test_absmax_dequantize" points=1 checks="absmax_dequantize"
 x = torch.randn(8, 12, generator=torch.Generator().manual_seed(0))  # 96 values: 6 whole blocks of 16
 for bits in (8, 4, 2):
     codes, scales = absmax_quantize(x, bits, 16)
@@ -386,7 +391,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch08_quantization", "test_absmax_dequantize", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_absmax_dequantize_edge_cases" points=1
+# %% test="test_absmax_dequantize_edge_cases" points=1 checks="absmax_dequantize"
 x = torch.randn(7, 11, generator=torch.Generator().manual_seed(0))  # 77 values: the last block of 16 is padded
 codes, scales = absmax_quantize(x, 4, 16)
 x_hat = absmax_dequantize(codes, scales, 16, x.shape)
@@ -470,7 +475,7 @@ def nf4_codebook() -> torch.Tensor:
     ### END SOLUTION
 
 
-# %% test="test_nf4_codebook" points=2
+# %% test="test_nf4_codebook" points=2 checks="nf4_codebook"
 cb = nf4_codebook()
 assert cb.dtype == torch.float32 and tuple(cb.shape) == (16,), "16 float32 values"
 assert (cb[1:] > cb[:-1]).all(), "ascending, all distinct"
@@ -529,7 +534,7 @@ def nf4_quantize(x: torch.Tensor, block_size: int = 64) -> tuple[torch.Tensor, t
     ### END SOLUTION
 
 
-# %% test="test_nf4_quantize" points=2
+# %% test="test_nf4_quantize" points=2 checks="nf4_quantize"
 cb = nf4_codebook()
 x = torch.tensor([1.0, -1.0, 0.0, 0.5, -0.3, 0.08, 2.0, -0.5])  # 8 values: two whole blocks of 4
 packed, absmax = nf4_quantize(x, block_size=4)
@@ -545,7 +550,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch08_quantization", "test_nf4_quantize", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_nf4_quantize_edge_cases" points=1
+# %% test="test_nf4_quantize_edge_cases" points=1 checks="nf4_quantize"
 x = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.5, -0.3, 1.0])  # 7 values: odd, an all-zero block, a partial block
 packed, absmax = nf4_quantize(x, block_size=4)
 assert tuple(absmax.shape) == (2,), f"7 values make 2 blocks of 4, the last one partial: absmax {absmax.tolist()}"
@@ -589,7 +594,7 @@ def nf4_dequantize(packed: torch.Tensor, absmax: torch.Tensor, shape, block_size
     ### END SOLUTION
 
 
-# %% test="test_nf4_dequantize" points=1
+# %% test="test_nf4_dequantize" points=1 checks="nf4_dequantize"
 w = torch.randn(32, 16, generator=torch.Generator().manual_seed(1)) * 0.02  # weight-like: small, normal
 packed, absmax = nf4_quantize(w)
 w_hat = nf4_dequantize(packed, absmax, w.shape)
@@ -604,7 +609,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch08_quantization", "test_nf4_dequantize", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_nf4_dequantize_edge_cases" points=1
+# %% test="test_nf4_dequantize_edge_cases" points=1 checks="nf4_dequantize"
 w = torch.randn(33, 17, generator=torch.Generator().manual_seed(1)) * 0.02  # 561 values: odd, last block partial
 packed, absmax = nf4_quantize(w)
 w_hat = nf4_dequantize(packed, absmax, w.shape)
@@ -1036,7 +1041,7 @@ class QLoRALinear(nn.Module):
         ### END SOLUTION
 
 
-# %% test="test_qlora_linear" points=2
+# %% test="test_qlora_linear" points=2 checks="QLoRALinear"
 torch.manual_seed(0)
 base = nn.Linear(40, 24)
 W0 = base.weight.detach().clone()
@@ -1055,7 +1060,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch08_quantization", "test_qlora_linear", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_qlora_linear_errors" points=1
+# %% test="test_qlora_linear_errors" points=1 checks="QLoRALinear"
 try:
     QLoRALinear(nn.Linear(4, 3), rank=0, alpha=1.0)
 except ValueError:
@@ -1067,7 +1072,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch08_quantization", "test_qlora_linear_errors", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_qlora_linear_memory" points=1
+# %% test="test_qlora_linear_memory" points=1 checks="QLoRALinear"
 torch.manual_seed(0)
 base = nn.Linear(40, 24)
 n_weight = base.weight.numel()

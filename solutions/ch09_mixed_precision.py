@@ -1,5 +1,9 @@
 # ---
 # jupyter:
+#   chapter:
+#     title: "Mixed precision and loss scaling"
+#     imports: []
+#     checkpoints: [tinygpt_fibonacci]
 #   jupytext:
 #     text_representation:
 #       extension: .py
@@ -356,7 +360,7 @@ class GradScaler:
         ### END SOLUTION
 
 
-# %% test="test_GradScaler" points=3
+# %% test="test_GradScaler" points=3 checks="GradScaler"
 def replay(scaler, overflows, unscale_first=()):
     """Steps of SGD with momentum on a tiny regression; an overflow is an inf written into a gradient."""
     torch.manual_seed(0)
@@ -403,7 +407,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_GradScaler", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_GradScaler_update" points=2
+# %% test="test_GradScaler_update" points=2 checks="GradScaler"
 assert ours == ref, f"scale after each update:\n  yours {ours}\n  torch {ref}"
 kwargs = dict(init_scale=512.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=2)
 pattern = [0, 0, 1, 0, 1, 0, 0, 0, 0, 0]
@@ -415,7 +419,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_GradScaler_update", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_GradScaler_interface" points=1
+# %% test="test_GradScaler_interface" points=1 checks="GradScaler"
 assert isinstance(GradScaler().get_scale(), float), "get_scale() returns a Python float"
 for bad in (dict(init_scale=0.0), dict(growth_factor=1.0), dict(backoff_factor=1.0), dict(growth_interval=0)):
     try:
@@ -494,7 +498,7 @@ def mixed_precision_step(model, optimizer, scaler, inputs, targets, loss_fn, dty
     ### END SOLUTION
 
 
-# %% test="test_mixed_precision_step" points=2
+# %% test="test_mixed_precision_step" points=2 checks="mixed_precision_step"
 torch.manual_seed(0)
 net = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 3))
 ref_net = nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 3))
@@ -517,7 +521,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_mixed_precision_step", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_mixed_precision_step_scaler" points=1
+# %% test="test_mixed_precision_step_scaler" points=1 checks="mixed_precision_step"
 assert scaler.get_scale() == 512.0, "call scaler.update() once per step (growth_interval=1 doubles the scale)"
 before = [p.detach().clone() for p in net.parameters()]
 mixed_precision_step(net, opt, scaler, xb, yb, lambda out, y: nn.functional.cross_entropy(out, y) * float("inf"),
@@ -530,7 +534,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_mixed_precision_step_scaler", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_mixed_precision_step_returns" points=1
+# %% test="test_mixed_precision_step_returns" points=1 checks="mixed_precision_step"
 assert isinstance(loss, float), f"return the loss as a Python float, got {type(loss).__name__}"
 assert abs(loss - ref_loss.item()) < 1e-6, f"loss {loss}, expected {ref_loss.item()} (before scaling, under autocast)"
 loss = mixed_precision_step(net, opt, None, xb, yb, nn.CrossEntropyLoss(), torch.bfloat16)

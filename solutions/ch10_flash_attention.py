@@ -1,5 +1,9 @@
 # ---
 # jupyter:
+#   chapter:
+#     title: "FlashAttention in PyTorch and Triton"
+#     imports: [kernels, triton]
+#     kernel: kernels.ch10_flash_attention
 #   jupytext:
 #     text_representation:
 #       extension: .py
@@ -320,7 +324,7 @@ def flash_attention_forward(q, k, v, causal=False, block_q=32, block_k=32):
     ### END SOLUTION
 
 
-# %% test="test_flash_attention_forward" points=1
+# %% test="test_flash_attention_forward" points=1 checks="flash_attention_forward"
 q, k, v = (t.double() for t in qkv(B=2, H=3, N=64, d=16, seed=1))
 o_ref, lse_ref = attention_naive(q, k, v)
 for bq, bk in ((64, 64), (32, 16), (16, 32)):  # one block, then several: N = 64 is a multiple of each
@@ -334,7 +338,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_forward", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_flash_attention_forward_edge_cases" points=1
+# %% test="test_flash_attention_forward_edge_cases" points=1 checks="flash_attention_forward"
 q, k, v = (t.double() for t in qkv(B=2, H=3, N=70, d=16, seed=1))  # N = 70: the last blocks are short
 for causal in (False, True):
     o_ref, lse_ref = attention_naive(q, k, v, causal)
@@ -354,7 +358,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_forward_edge_cases", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_flash_attention_forward_memory" points=1
+# %% test="test_flash_attention_forward_memory" points=1 checks="flash_attention_forward"
 q, k, v = qkv(B=1, H=1, N=1024, d=16, seed=2)
 for causal in (False, True):
     with LargestTensor() as big:
@@ -493,7 +497,7 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, block_q=32, bloc
     ### END SOLUTION
 
 
-# %% test="test_flash_attention_backward" points=1
+# %% test="test_flash_attention_backward" points=1 checks="flash_attention_backward"
 q, k, v = (t.double().requires_grad_() for t in qkv(B=2, H=2, N=64, d=16, seed=3))
 do = torch.randn(2, 2, 64, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
 o_ref, lse_ref = attention_naive(q, k, v)
@@ -511,7 +515,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_backward", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_flash_attention_backward_edge_cases" points=1
+# %% test="test_flash_attention_backward_edge_cases" points=1 checks="flash_attention_backward"
 q, k, v = (t.double().requires_grad_() for t in qkv(B=2, H=2, N=77, d=16, seed=3))  # N = 77: short last blocks
 do = torch.randn(2, 2, 77, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
 for causal, (bq, bk) in ((False, (32, 32)), (True, (32, 16)), (True, (16, 32))):
@@ -530,7 +534,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_backward_edge_cases", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_flash_attention_backward_memory" points=1
+# %% test="test_flash_attention_backward_memory" points=1 checks="flash_attention_backward"
 q, k, v = qkv(B=1, H=1, N=1024, d=16, seed=4)
 o, lse = flash_attention_forward(q, k, v, causal=True, block_q=64, block_k=64)
 with LargestTensor() as big:
@@ -611,7 +615,7 @@ class FlashAttention(torch.autograd.Function):
     ### END SOLUTION
 
 
-# %% test="test_FlashAttention" points=1
+# %% test="test_FlashAttention" points=1 checks="FlashAttention"
 q, k, v = qkv(B=1, H=2, N=45, d=16, seed=5, requires_grad=True)
 do = torch.randn_like(q)
 for causal in (False, True):
@@ -627,7 +631,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_FlashAttention", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_FlashAttention_memory" points=1
+# %% test="test_FlashAttention_memory" points=1 checks="FlashAttention"
 q, k, v = qkv(B=1, H=2, N=45, d=16, seed=5, requires_grad=True)
 with saved_tensors() as rec:
     FlashAttention.apply(q, k, v, True)
@@ -764,7 +768,7 @@ def flash_attention_triton(q, k, v, causal=False):
     return launch_flash_forward(flash_fwd_kernel, q, k, v, causal)
 
 
-# %% test="test_flash_attention_triton" points=1
+# %% test="test_flash_attention_triton" points=1 checks="flash_attention_triton"
 q, k, v = qkv(B=1, H=2, N=100, d=16, seed=6)
 for causal in (False, True):
     o = flash_attention_triton(q, k, v, causal)
@@ -777,7 +781,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_triton", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_flash_attention_triton_memory" points=1
+# %% test="test_flash_attention_triton_memory" points=1 checks="flash_attention_triton"
 q, k, v = qkv(B=1, H=1, N=256, d=16, seed=7)
 with LargestTensor() as big:
     o = flash_attention_triton(q, k, v, True)
@@ -790,7 +794,7 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch10_flash_attention", "test_flash_attention_triton_memory", globals())
 ### END HIDDEN TESTS
 
-# %% test="test_flash_attention_triton_bounds" points=1
+# %% test="test_flash_attention_triton_bounds" points=1 checks="flash_attention_triton"
 # q, k, v live in one buffer, each followed by NaN: a load that runs past the end of v reads NaN into o.
 size_t, guard_t = 2 * 70 * 16, 32 * 16
 buffer_t = torch.full((3, size_t + guard_t), float("nan"))

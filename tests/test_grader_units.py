@@ -73,6 +73,46 @@ def test_probes():
     assert out["dx"].shape == (4, 3) and out["grads"]["bias"] is None
 
 
+def test_the_probe_package_has_a_module_per_chapter_and_exports_all_they_define():
+    """grader/probes/ mirrors grader/hidden/; every module is imported and its names re-exported."""
+    from pathlib import Path
+
+    import grader
+
+    root = Path(grader.__file__).parent
+    files = sorted(f.stem for f in (root / "probes").glob("*.py") if f.stem != "__init__")
+    assert list(probes.MODULES) == [f"grader.probes.{f}" for f in files]
+    hidden = {f.stem for f in (root / "hidden").glob("ch*.py")}
+    assert set(files) - {"shared"} <= hidden, "a probe module is named like a chapter's hidden tests"
+    for name in probes.MODULES:
+        module = vars(probes)[name.rpartition(".")[2]]
+        for attr, value in vars(module).items():
+            if getattr(value, "__module__", None) == name and not attr.startswith("__"):
+                assert getattr(probes, attr) is value, f"grader.probes.{attr}"
+    assert probes.ch03_MicroBatchModel.__module__ == "grader.probes.ch03_accumulation"
+    assert probes._ch10_changed(probes._CH10_INTERPRETER) is None
+
+
+def test_the_sandbox_trusts_exactly_the_public_probes_of_the_package():
+    from grader import api
+    from grader.sandbox import trusted
+
+    table = trusted.probe_table(api.PROBES)
+    public = {attr for name in probes.MODULES for attr, value in vars(vars(probes)[name.rpartition(".")[2]]).items()
+              if callable(value) and getattr(value, "__module__", None) == name and not attr.startswith("_")}
+    assert set(table) == public and {"raised", "ch03_MicroBatchModel", "ch10_triton_run"} <= public
+    assert all(table[name] is getattr(probes, name) for name in table)
+    for name, fn in table.items():
+        assert trusted.probe_name(fn, api.PROBES) == name
+    for not_a_probe in (probes._ch10_trace, probes.shared.measure, api.checks_for, torch.add, lambda: 1):
+        assert trusted.probe_name(not_a_probe, api.PROBES) is None, not_a_probe
+    assert trusted.probe_name(probes.raised, None) is None
+    assert trusted.may_travel("grader.probes.ch03_accumulation", api.PROBES)
+    assert trusted.may_travel("torch.nn.modules.linear", api.PROBES) and trusted.may_travel("grader.sandbox.codec", None)
+    for refused in ("grader.hidden.ch01_lora", "grader.api", "__main__"):
+        assert not trusted.may_travel(refused, api.PROBES), refused
+
+
 def _nb(cells):
     nb = nbformat.v4.new_notebook()
     nb.cells = cells
@@ -95,20 +135,26 @@ def test_layout_reads_roles():
     cells = [nbformat.v4.new_code_cell("import torch", metadata={"tags": ["setup"]}),
              nbformat.v4.new_code_cell("x = 1"),
              nbformat.v4.new_code_cell("def f(): ...", metadata={"nbgrader": {"grade_id": "f", "solution": True}}),
-             nbformat.v4.new_code_cell("assert f", metadata={"nbgrader": {"grade_id": "test_f", "grade": True, "points": 2}})]
+             nbformat.v4.new_code_cell("assert f", metadata={"checks": "f", "nbgrader": {"grade_id": "test_f", "grade": True,
+                                                                                         "points": 2}})]
     lay = layout(_nb(cells), "chX")
     assert lay == Layout("chX", ("import torch",), ("f",), (("test_f", 2.0),), (("f", ("test_f",)),))
     assert lay.tests_of("f") == ("test_f",) and lay.tests_of("g") == ()
 
 
-def test_layout_pairs_each_exercise_with_the_test_cells_after_it():
+def test_layout_pairs_each_test_cell_with_the_exercise_it_names():
     def ex(name):
         return nbformat.v4.new_code_cell("", metadata={"nbgrader": {"grade_id": name, "solution": True}})
 
-    def test(name):
-        return nbformat.v4.new_code_cell("", metadata={"nbgrader": {"grade_id": name, "grade": True, "points": 1}})
+    def test(name, checks):
+        return nbformat.v4.new_code_cell("", metadata={"checks": checks,
+                                                       "nbgrader": {"grade_id": name, "grade": True, "points": 1}})
 
-    cells = [test("t0"), ex("a"), test("t1"), nbformat.v4.new_code_cell("x = 1"), test("t2"), ex("b"), ex("c"),
-             test("t3")]
+    cells = [ex("a"), test("t1", "a"), nbformat.v4.new_code_cell("x = 1"), ex("b"), test("t2", "a"), ex("c"),
+             test("t3", "c")]
     lay = layout(_nb(cells), "chX")
     assert lay.exercise_tests == (("a", ("t1", "t2")), ("b", ()), ("c", ("t3",)))
+    with pytest.raises(ValueError, match="test cell 't0' checks 'a', which is not an exercise before it"):
+        layout(_nb([test("t0", "a"), ex("a")]), "chX")
+    with pytest.raises(ValueError, match="checks None"):
+        layout(_nb([ex("a"), test("t0", None)]), "chX")

@@ -8,7 +8,8 @@ import nbclient
 import pytest
 
 from conftest import ROOT
-from grader.notebooks import chapters, read_source, with_graded_checks
+from grader.notebooks import chapters, read_source
+from grader.release import with_graded_checks
 from grader.timing import KERNEL_CONFIG
 
 pytestmark = pytest.mark.slow

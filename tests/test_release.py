@@ -10,9 +10,8 @@ import pytest
 
 from conftest import ROOT
 from grader.api import checks_for, gates
-from grader.notebooks import (chapters, defines, gate_line, grade_id, graded_check_line, layout, read_source,
-                              with_graded_checks)
-from grader.release import release
+from grader.notebooks import chapters, defines, gate_line, grade_id, graded_check_line, layout, read_source
+from grader.release import release, with_graded_checks
 
 SOLUTION_RE = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
 HIDDEN_RE = re.compile(r"### BEGIN HIDDEN TESTS\n(.*?)### END HIDDEN TESTS", re.S)
