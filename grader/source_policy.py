@@ -378,11 +378,14 @@ class _Checker(ast.NodeVisitor):
         for node in ast.walk(tree):  # bindings first: a module imported anywhere is a module everywhere
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
-                if isinstance(node, ast.ClassDef) and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if isinstance(node, ast.ClassDef) and isinstance(
+                        child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                     self.own_private.add(child.name)
-                elif isinstance(node, ast.ClassDef) and isinstance(child, (ast.Assign, ast.AnnAssign)):
+                elif isinstance(node, ast.ClassDef) and isinstance(child, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
                     targets = child.targets if isinstance(child, ast.Assign) else [child.target]
-                    self.own_private.update(t.id for t in targets if isinstance(t, ast.Name))
+                    # every name bound, unpacking included: `_A, _B = 1, 2` sets both on the class
+                    self.own_private.update(n.id for t in targets for n in ast.walk(t)
+                                            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
             if isinstance(node, ast.Attribute) and not isinstance(node.ctx, ast.Load):
                 self.own_private.add(node.attr)
             if isinstance(node, ast.Import):

@@ -3,7 +3,8 @@
 Several tests need the sandboxed grade of the references (the autograde contract, selfcheck's
 verdict, each chapter's sandbox test, the feedback page in the browser): grading them costs
 minutes on 2 cores, so the first test that asks runs one ``python -m grader autograde`` batch
-(students ``reference`` and ``blank``, every chapter) and the others, in any pytest-xdist
+(students ``reference``, ``blank`` and ``second``, the second correct answers of
+``second_submissions``, every chapter) and the others, in any pytest-xdist
 worker, wait for it and read its output. The batch lives in ``build/test-runs/<run id>/``; the
 run id is pytest-xdist's, shared by every worker of one run.
 """
@@ -20,10 +21,11 @@ from pathlib import Path
 
 from conftest import ROOT
 from grader.notebooks import chapters
+import second_submissions
 from submissions import blank, reference, write
 
 RUNS = ROOT / "build" / "test-runs"
-STUDENTS = ("reference", "blank")
+STUDENTS = ("reference", "blank", "second")
 OLD_S = 24 * 3600  # batches of earlier runs are removed after a day
 
 
@@ -53,6 +55,7 @@ def batch() -> Path:
             for ch in chapters():
                 write(sub, "reference", ch, reference(ch))
                 write(sub, "blank", ch, blank(ch))
+                write(sub, "second", ch, second_submissions.notebook(ch))
             proc = subprocess.run([sys.executable, "-m", "grader", "autograde", str(sub), "--out", str(out),
                                    "--workers", "2", "--timeout", "180"], cwd=ROOT, capture_output=True,
                                   text=True, timeout=3000)

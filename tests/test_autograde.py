@@ -71,6 +71,16 @@ def test_reference_full_marks_blank_zero():
         assert t[("blank", ch)][0] == 0
 
 
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_second_correct_answers_get_full_marks(chapter):
+    """Answers written from the released notebook alone (tests/second_submissions_<chapter>.py), in
+    another style than the reference, score every point: the grader holds them to the notebook's text."""
+    rows = graded_once.rows("second", chapter)
+    lost = [f"{r['problem']} {r['score']}/{r['max_score']}" for r in rows if float(r["score"]) < float(r["max_score"])]
+    assert rows and not lost, f"second answers of {chapter} lost points: {lost} (feedback: " \
+                              f"{graded_once.feedback('second', chapter)})"
+
+
 @pytest.mark.parametrize("chapter,exercise", sorted(WRONG))
 def test_wrong_submission_loses_points(batch, chapter, exercise):
     _, out, rows = batch

@@ -1,7 +1,7 @@
 """The source policy on exercise cells (grader/source_policy.py): honest code passes, escapes do not.
 
 Every reference exercise cell of every chapter (chapters added later included), every plausible
-wrong submission of ``tests/wrong_submissions*.py`` and the correct variants written in
+wrong submission of ``tests/wrong_submissions_*.py`` and the correct variants written in
 ``tests/test_hidden_*.py`` must pass: the policy refuses constructs, never ordinary solutions.
 Each attack below must be refused with the construct named; ``grade_one`` must score a refused
 exercise's test cells 0 without running the cell, and grade the other exercises as usual.
@@ -50,7 +50,7 @@ def test_every_reference_exercise_cell_passes(chapter):
 
 def _wrong_submissions() -> list[tuple[str, str, str]]:
     found = []
-    for path in sorted(TESTS.glob("wrong_submissions*.py")):
+    for path in sorted(TESTS.glob("wrong_submissions_*.py")):
         for (chapter, exercise), source in runpy.run_path(str(path))["WRONG"].items():
             found.append((chapter, exercise, source))
     return found
@@ -104,6 +104,10 @@ ALLOWED = [
     ("ch01_lora", "def f(x):\n    return getattr(x, 'dtype', None), hasattr(x, 'grad'), type(x).__name__"),
     ("ch09_mixed_precision", "class S:\n    def __init__(self):\n        self._scale = 1.0\n"
                              "    def get(self):\n        return self._scale"),
+    # class constants bound by unpacking, a nested class, attributes set by unpacking
+    ("ch09_mixed_precision", "class S:\n    _READY, (_UNSCALED, *_REST) = 'ready', ('u', 's')\n    class _State:\n"
+                             "        pass\n    def f(self):\n        self._a, self._b = 1, 2\n"
+                             "        return self._READY, self._UNSCALED, self._REST, self._State, self._a + self._b"),
     ("ch04_partial_training", "class R(torch.autograd.Function):\n    @staticmethod\n    def forward(ctx, x):\n"
                               "        ctx._n = x.numel()\n        ctx.save_for_backward(x > 0)\n        return x.relu()"),
     ("ch04_partial_training", "def f(m):\n    return isinstance(m, nn.modules.batchnorm._BatchNorm)"),
@@ -295,7 +299,7 @@ def test_a_refused_exercise_scores_zero_and_is_not_run(tmp_path, monkeypatch):
     path = write(tmp_path, "s", chapter, with_exercise(chapter, "checkpoint", forbidden))
     calls = []
 
-    def fake_run_checks(chapter_, program, grade_ids, limits, submission_dir=None, setup=None):
+    def fake_run_checks(chapter_, program, grade_ids, limits, submission_dir=None, setup=None, checks=None):
         calls.append((program, grade_ids))
         return {gid: Outcome(gid, True, "") for gid in grade_ids}
 
@@ -338,7 +342,8 @@ def test_the_reference_submission_is_not_refused(tmp_path, monkeypatch):
     chapter = "ch10_flash_attention"
     path = write(tmp_path, "s", chapter, reference(chapter))
     calls = []
-    monkeypatch.setattr(autograde, "run_checks", lambda ch, program, gids, limits, submission_dir=None, setup=None:
+    monkeypatch.setattr(autograde, "run_checks",
+                        lambda ch, program, gids, limits, submission_dir=None, setup=None, checks=None:
                         calls.append(gids) or {g: Outcome(g, True, "") for g in gids})
     lay = autograde.release_layout(chapter)
     result = autograde.grade_one("s", chapter, path, lay, autograde.Limits())
