@@ -16,9 +16,9 @@ block::
 and its cell markers declare the exercises and the graded test cells, each test cell naming the
 exercise it grades: ``# %% exercise="NAME"`` and ``# %% test="test_NAME" points=N checks="NAME"``.
 
-Release, grading (through the released notebook), the sandbox's import allow-list, the README
-chapter table, ``make bench`` and the test suite read the declaration; nothing else lists the
-chapters. ``tests/test_chapters.py`` checks that everything a declaration promises exists.
+Release, grading (through the released notebook), the sandbox's import allow-list, ``make bench``
+and the test suite read the declaration, and ``python -m grader release`` writes the README's
+chapter table from it; nothing else lists the chapters. ``tests/test_chapters.py`` checks that everything a declaration promises exists.
 """
 from __future__ import annotations
 
@@ -26,9 +26,12 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from grader.notebooks import SOLUTIONS, chapters, layout, read_source
+from grader.notebooks import ROOT, SOLUTIONS, chapters, layout, read_source
 
 _KEYS = {"title", "imports", "kernel", "checkpoints"}
+README = ROOT / "README.md"
+TABLE_BEGIN = "<!-- The table is written by `python -m grader release` from the chapters' declarations. -->"
+TABLE_END = "<!-- end of the chapter table -->"
 
 
 @dataclass(frozen=True)
@@ -111,3 +114,29 @@ def declared_imports() -> frozenset[str]:
 def kernel_modules() -> list[str]:
     """The chapters' kernel modules, in chapter order (``make bench`` runs each one's ``main()``)."""
     return [c.kernel for c in every_chapter() if c.kernel]
+
+
+def readme_table(found: list[Chapter] | None = None) -> list[str]:
+    """The README's chapter table, one row per declared chapter."""
+    rows = ["| id | chapter | you implement |", "|---|---|---|"]
+    for ch in found if found is not None else every_chapter():
+        rows.append(f"| `{ch.id}` | {ch.title} | {', '.join(f'`{e}`' for e in ch.exercises)} |")
+    return rows
+
+
+def with_readme_table(text: str, found: list[Chapter] | None = None) -> str:
+    """``text`` (the README) with the lines between its table markers replaced by :func:`readme_table`."""
+    lines = text.splitlines()
+    if TABLE_BEGIN not in lines or TABLE_END not in lines:
+        raise ValueError(f"README.md needs the lines {TABLE_BEGIN!r} and {TABLE_END!r} around its chapter table")
+    begin, end = lines.index(TABLE_BEGIN), lines.index(TABLE_END)
+    return "\n".join(lines[:begin + 1] + readme_table(found) + lines[end:]) + ("\n" if text.endswith("\n") else "")
+
+
+def write_readme_table(path: Path = README) -> bool:
+    """Rewrite the README's chapter table from the declarations; True if it changed."""
+    text = path.read_text(encoding="utf-8")
+    new = with_readme_table(text)
+    if new != text:
+        path.write_text(new, encoding="utf-8")
+    return new != text

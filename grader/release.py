@@ -5,7 +5,8 @@ Each graded test cell first gets one line that runs its exercise the way the gra
 (``read_source``) stays as its source is. nbgrader then replaces every ``### BEGIN SOLUTION``
 region with a stub, deletes hidden-test regions, clears outputs and records checksums. The
 result is written to ``course/<chapter_id>.ipynb``; it is generated, never edited by hand, and
-``tests/test_release.py`` fails when it is stale.
+``tests/test_release.py`` fails when it is stale. The README's chapter table is rewritten from
+the chapters' declarations (``grader.chapters``).
 """
 from __future__ import annotations
 
@@ -87,5 +88,10 @@ def release(chapter_ids: list[str] | None = None, dest: Path = COURSE) -> list[P
             nbformat.write(nb, tmp_path)
             os.replace(tmp_path, path)
             written.append(path)
+    if dest == COURSE:
+        from grader.chapters import README, write_readme_table
+
+        if write_readme_table():
+            written.append(README)
     return written
 

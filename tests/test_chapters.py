@@ -10,7 +10,8 @@ cells in the cell markers) plus, named after its id:
   released notebook alone;
 - its declared kernel ``kernels/<id>.py`` with a ``main()`` benchmark and ``tests/test_kernels_<id>.py``;
 - its declared checkpoints in ``data/checkpoints/``;
-- a row in the README's chapter table with its title and exercises;
+- a row in the README's chapter table with its title and exercises (``python -m grader release``
+  writes the table; ``test_the_readme_table_is_written_from_the_declarations`` checks it is fresh);
 - imports in its setup and exercise cells that the sandbox allows (the base set or its declaration).
 
 Everything is read from files (ast, text), so :func:`missing_pieces` also judges a chapter
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from grader.chapters import Chapter, every_chapter, read_declaration
+from grader.chapters import Chapter, every_chapter, read_declaration, readme_table, with_readme_table
 from grader.notebooks import read_source
 from grader.sandbox.rules import DANGEROUS, LIBRARIES
 
@@ -83,13 +84,6 @@ def _top_level_names(tree: ast.Module) -> set[str]:
         elif isinstance(n, ast.Assign):
             names |= {t.id for t in n.targets if isinstance(t, ast.Name)}
     return names
-
-
-def _readme_row(readme: str, chapter: str) -> list[str] | None:
-    for line in readme.splitlines():
-        if line.startswith(f"| `{chapter}` |"):
-            return [c.strip() for c in line.strip().strip("|").split("|")]
-    return None
 
 
 def missing_pieces(root: Path, ch: Chapter) -> list[str]:
@@ -159,11 +153,9 @@ def missing_pieces(root: Path, ch: Chapter) -> list[str]:
             missing.append(f"data/checkpoints/{name}.pt is missing (declared checkpoint; make checkpoints makes it)")
 
     readme = (root / "README.md").read_text() if (root / "README.md").is_file() else ""
-    row = _readme_row(readme, cid)
-    want = [f"`{cid}`", ch.title, ", ".join(f"`{e}`" for e in ch.exercises), "available"]
-    if row != want:
-        missing.append(f"README.md's chapter table needs the row | {' | '.join(want)} |" +
-                       (f" (found | {' | '.join(row)} |)" if row else ""))
+    want = readme_table([ch])[-1]
+    if want not in readme.splitlines():
+        missing.append(f"README.md's chapter table lacks the row {want} (python -m grader release writes it)")
 
     nb = read_source(cid, path=root / "solutions" / f"{cid}.py")
     sources = [c.source for c in nb.cells if c.cell_type == "code" and (
@@ -218,6 +210,11 @@ def halve(x):
 '''
 
 
+def test_the_readme_table_is_written_from_the_declarations():
+    text = (ROOT / "README.md").read_text()
+    assert with_readme_table(text) == text, "README.md's chapter table is stale: run python -m grader release"
+
+
 def test_an_incomplete_chapter_is_told_what_it_lacks(tmp_path):
     """A toy chapter with only its source, a hidden module that checks one of its two cells and a
     wrong answer for one of its two exercises: every missing piece is named."""
@@ -244,7 +241,7 @@ def test_an_incomplete_chapter_is_told_what_it_lacks(tmp_path):
         r"kernels/ch98_toy.py is missing \(declared kernel kernels.ch98_toy\)",
         r"tests/test_kernels_ch98_toy.py is missing",
         r"data/checkpoints/toy_weights.pt is missing",
-        r"README.md's chapter table needs the row \| `ch98_toy` \| A toy chapter \| `double`, `halve` \| available \|",
+        r"README.md's chapter table lacks the row \| `ch98_toy` \| A toy chapter \| `double`, `halve` \|",
         r"imports einops_like_nothing in a setup or exercise cell: declare it",
     ]
     for pattern in expected:
