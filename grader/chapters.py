@@ -11,6 +11,8 @@ block::
     #                                    # beyond the course's base set (grader.sandbox.rules)
     #     kernel: kernels.ch10_flash_attention   # optional: its Triton kernel module (make bench)
     #     checkpoints: [tinygpt_fibonacci]       # optional: pretrained weights in data/checkpoints/
+    #     prose_numbers:                 # optional: phrases whose numbers are definitions or quoted
+    #       - 'the paper''s 20×'         # figures, not measurements (tests/test_prose_numbers.py)
     #   jupytext: ...
 
 and its cell markers declare the exercises and the graded test cells, each test cell naming the
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from grader.notebooks import ROOT, SOLUTIONS, chapters, layout, read_source
 
-_KEYS = {"title", "imports", "kernel", "checkpoints"}
+_KEYS = {"title", "imports", "kernel", "checkpoints", "prose_numbers"}
 README = ROOT / "README.md"
 TABLE_BEGIN = "<!-- The table is written by `python -m grader release` from the chapters' declarations. -->"
 TABLE_END = "<!-- end of the chapter table -->"
@@ -44,6 +46,7 @@ class Chapter:
     imports: tuple[str, ...]  # top-level modules beyond the base set that its cells may import
     kernel: str | None = None  # a module of the kernels package, e.g. "kernels.ch05_tinytl"
     checkpoints: tuple[str, ...] = ()  # names of data/checkpoints/<name>.pt
+    prose_numbers: tuple[str, ...] = ()  # phrases of its text whose numbers are not measured
 
     @property
     def probes(self) -> str:
@@ -89,7 +92,8 @@ def read_declaration(source: Path) -> Chapter:
     lay = layout(nb, chapter)
     return Chapter(chapter, title.strip(), lay.exercises, lay.tests, lay.exercise_tests,
                    _names(meta.get("imports"), "imports", chapter), kernel,
-                   _names(meta.get("checkpoints"), "checkpoints", chapter))
+                   _names(meta.get("checkpoints"), "checkpoints", chapter),
+                   _names(meta.get("prose_numbers"), "prose_numbers", chapter))
 
 
 @functools.lru_cache(maxsize=None)

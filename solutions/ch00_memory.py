@@ -3,6 +3,17 @@
 #   chapter:
 #     title: "Where training memory goes"
 #     imports: []
+#     prose_numbers:  # phrases whose numbers are definitions or quoted figures (tests/test_prose_numbers.py)
+#       - 'Each graded cell may use 60 s and 4 GiB'  # the grader's limits per graded cell
+#       - 'values × 4 bytes'  # fp32
+#       - '= 352$ bytes for $B = 4$'  # the sum of the saved widths, derived above the line
+#       - 'MobileNetV2-1.4 has 4.3× fewer parameters than ResNet-50, but its training activations are only 1.1× smaller'
+#       - 'about 6.9× its parameter size'  # TinyTL Figure 1
+#       - '784 times fewer pixels'  # (224 / 8)²
+#       - '4.3× (ResNet-50 / MobileNetV2-1.4)'
+#       - '"1.1×"'
+#       - '≈ 6.9× (224×224 images)'  # the paper column
+#       - 'reach 6.9× its parameter bytes, the ResNet-50 ratio'
 #   jupytext:
 #     text_representation:
 #       extension: .py

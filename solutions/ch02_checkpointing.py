@@ -3,6 +3,14 @@
 #   chapter:
 #     title: "Activation checkpointing"
 #     imports: []
+#     prose_numbers:  # phrases whose numbers are definitions or quoted figures (tests/test_prose_numbers.py)
+#       - '1,000-layer ResNet in 7 GB instead of 48 GB for about 30% more time'  # Chen et al. abstract
+#       - 'a 1,000-layer ResNet drops from 48 GB to 7 GB of feature-map memory for about 30% more'
+#       - '"48 GB / 7 GB = 6.9× (1,000 layers)"'
+#       - '"1000 / 63 = 15.8×"'
+#       - '"≈ 30% time"'
+#       - 'no plan fits in 18 bytes here'  # the visible test's own data
+#       - 'cell may use 60 s and 4 GiB'  # the grader's limits per graded cell
 #   jupytext:
 #     text_representation:
 #       extension: .py

@@ -3,6 +3,10 @@
 #   chapter:
 #     title: "Gradient accumulation"
 #     imports: []
+#     prose_numbers:  # phrases whose numbers are definitions or quoted figures (tests/test_prose_numbers.py)
+#       - 'Each graded cell may use 60 s and 4 GiB'  # the grader's limits per graded cell
+#       - '$256/32 = 8$ times the variance, so $\sqrt 8 \approx 2.8$ times the noise in standard deviation, not 8 times'
+#       - '8 times the variance is less than 3 times the noise'
 #   jupytext:
 #     text_representation:
 #       extension: .py

@@ -4,6 +4,20 @@
 #     title: "Last layer, BatchNorm, bias-only with 1-bit ReLU masks"
 #     imports: []
 #     checkpoints: [transfer_cnn_digits]
+#     prose_numbers:  # phrases whose numbers are definitions or quoted figures (tests/test_prose_numbers.py)
+#       - 'Each graded cell may use 60 s and 4 GiB'  # the grader's limits per graded cell
+#       - 'with 1 MiB of slack'  # a memory check's allowance (grader/hidden)
+#       - 'keeps nothing else (32× smaller)'
+#       - '32 bits per element'
+#       - 'packed 8 to a byte, 32× smaller'  # fp32 vs 1 bit
+#       - '"15 ones: 8 + 7 bits"'
+#       - '"9 bits need 2 uint8 bytes, got "'  # the visible test's own data
+#       - 'BN + last layer trains about 12× fewer parameters than full fine-tuning but needs only about 1.8× less memory; bias + last layer needs 12× less memory but is 16.3 points less accurate'  # TinyTL, lecture figures
+#       - '"≈ 12×"'
+#       - '"≈ 1.8×"'
+#       - '"12×"'
+#       - '"16.3 points"'
+#       - 'the paper''s 12×'
 #   jupytext:
 #     text_representation:
 #       extension: .py

@@ -5,6 +5,20 @@
 #     imports: [kernels]
 #     kernel: kernels.ch05_tinytl
 #     checkpoints: [transfer_cnn_digits, transfer_mobilenet_digits]
+#     prose_numbers:  # phrases whose numbers are definitions or quoted figures (tests/test_prose_numbers.py)
+#       - 'Each graded cell may use 60 s and 4 GiB'  # the grader's limits per graded cell
+#       - 'with 8 KiB of slack'
+#       - 'with 1 MiB of slack'
+#       - 'with 2 MiB of slack'  # memory checks' allowances
+#       - 'a ReLU that keeps 32× less'
+#       - 'output (32 bits)'  # fp32 vs 1 bit
+#       - 'up to 6.5× less memory than full fine-tuning at similar accuracy; the lite residuals cost ~3.8% of the memory; bias+last is ~12× less memory but 16.3% less accurate than full, and the lite residual wins back +11.6% accuracy for +5 MB; BN+last trains ~12× fewer parameters than full but saves only ~1.8× memory'  # TinyTL
+#       - '"up to 6.5×"'
+#       - '"up to 6.5× (memory)"'
+#       - '"~12×"'
+#       - '"~1.8×"'
+#       - '"~3.8% of memory"'
+#       - '(the paper: up to 6.5×)'
 #   jupytext:
 #     text_representation:
 #       extension: .py

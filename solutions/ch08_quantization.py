@@ -5,6 +5,37 @@
 #     imports: []
 #     kernel: kernels.ch08_quantization
 #     checkpoints: [tinygpt_fibonacci]
+#     prose_numbers:  # phrases whose numbers are definitions or quoted figures (tests/test_prose_numbers.py)
+#       - 'Each graded cell may use 60 s and 4 GiB'  # the grader's limits per graded cell
+#       - 'spend their 16 bits'
+#       - 'its memory cost: 4.5 bits per parameter'
+#       - 'integers in 16 bits'
+#       - 'keeps the top 16 bits of the 32. Just dropping the low 16 bits'
+#       - 'Plant one outlier (50×) in a Gaussian tensor and quantize it to 4 bits'
+#       - '"4 bits, block "'  # set in code
+#       - 'the first 8 of 9 points'
+#       - 'the first 7 of 8 points'  # NF4's construction
+#       - '$4 + 32/64 = 4.5$ bits per value'
+#       - '"ceil(7 / 2) = 4 bytes of uint8"'
+#       - '"NF4 should keep normal weights within about 10% relative error"'  # the visible test's threshold
+#       - 'stores the weights in 4 bits'
+#       - '4 bits cost '
+#       - 'eight times more (on average less)'  # 2^-8 / 2^-11
+#       - 'even at 4 bits'
+#       - 'quantized to 8 bits in blocks of 256'
+#       - 'the textbook numbers: 4.5 bits for NF4'
+#       - 'from 2 to 8 bits'
+#       - 'from 5 bits on'
+#       - '4.5 bits instead of 16 (or 32) per parameter'
+#       - '(float32 → 4.5 bits is'
+#       - '"test loss at 4.5 bits per weight, int4 / NF4"'
+#       - 'costs 32/64 = 0.5 bits per parameter for the constants; double quantization brings that to 8/64 + 32/(64·256) = 0.127, saving 0.373 bits per parameter'  # QLoRA §3
+#       - 'from more than 780 GB to less than 48 GB'
+#       - '65B fine-tuned on one 48 GB GPU'  # QLoRA abstract
+#       - '"32 / 4.5 = 7.1× (32 / 4.127 = 7.8× with double quantization)"'
+#       - '(10 bits, every integer up to 2048)'
+#       - 'with 7 bits of mantissa'
+#       - 'at the same 4.5 bits; double quantization brings the cost to ≈ 4.127 bits'
 #   jupytext:
 #     text_representation:
 #       extension: .py

@@ -4,6 +4,18 @@
 #     title: "Mixed precision and loss scaling"
 #     imports: []
 #     checkpoints: [tinygpt_fibonacci]
+#     prose_numbers:  # phrases whose numbers are definitions or quoted figures (tests/test_prose_numbers.py)
+#       - 'Each graded cell may use 60 s and 4 GiB'  # the grader's limits per graded cell
+#       - 'Training entirely in 16 bits'
+#       - 'runs the rest in 16 bits'
+#       - 'profit from 16 bits'
+#       - '8 bits instead of 11'  # bf16 and fp16 significands
+#       - 'Paper: about 5% of the weight gradients'
+#       - 'memory "nearly 2×" smaller'  # Micikevicius et al.
+#       - '"≈ 5% (speech model)"'
+#       - '"nearly 2×"'
+#       - 'the paper''s 2×'
+#       - 'by less than 2× when'
 #   jupytext:
 #     text_representation:
 #       extension: .py

@@ -4,6 +4,25 @@
 #     title: "FlashAttention in PyTorch and Triton"
 #     imports: [kernels, triton]
 #     kernel: kernels.ch10_flash_attention
+#     prose_numbers:  # phrases whose numbers are definitions or quoted figures (tests/test_prose_numbers.py)
+#       - 'Each graded cell may use 60 s and 4 GiB'  # the grader's limits per graded cell
+#       - 'one layer''s $P$ alone is 16 GB in fp32'  # 16K² × 16 heads × 4 bytes
+#       - '(40–80 GB), delivers about 1.5–2 TB/s'
+#       - 'holds only 192 KB, but all of it together delivers about 19 TB/s'
+#       - 'computes 312 TFLOP/s in bf16: to keep up, an operation must do about 150 FLOPs'  # FlashAttention §2.1
+#       - 'an A100''s 192 KB'
+#       - '" 192 KB"'
+#       - 'standard attention does 66.6 GFLOPs with 40.3 GB of HBM reads and writes in 41.7 ms; FlashAttention 75.2 GFLOPs, 4.4 GB, 7.3 ms'
+#       - 'up to 20× below exact-attention baselines; 3× faster GPT-2 training'
+#       - '50–73% of the A100''s peak'  # FlashAttention Fig. 2, abstract; FlashAttention-2
+#       - '"75.2 / 66.6 = 1.13×"'
+#       - '"40.3 / 4.4 GB = 9.2×"'
+#       - '"up to 20× (Fig. 3, long N)"'
+#       - '"41.7 → 7.3 ms (5.7×); 3× end to end"'
+#       - '"50–73% of A100 peak"'
+#       - 'the paper''s 20×'
+#       - '128 × N = 524,288 elements or more'  # the memory cells' rule: one block (128) times N = 4096
+#       - '(64 × N elements or more)'  # the visible memory tests' rule at blocks of 64
 #   jupytext:
 #     text_representation:
 #       extension: .py
