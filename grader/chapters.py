@@ -48,16 +48,6 @@ class Chapter:
     checkpoints: tuple[str, ...] = ()  # names of data/checkpoints/<name>.pt
     prose_numbers: tuple[str, ...] = ()  # phrases of its text whose numbers are not measured
 
-    @property
-    def probes(self) -> str:
-        """The module of its probes, if it has any (``grader/probes/<id>.py``)."""
-        return f"grader.probes.{self.id}"
-
-    @property
-    def hidden(self) -> str:
-        """The module of its hidden tests (``grader/hidden/<id>.py``)."""
-        return f"grader.hidden.{self.id}"
-
     def tests_of(self, exercise: str) -> tuple[str, ...]:
         return dict(self.exercise_tests).get(exercise, ())
 
@@ -128,13 +118,13 @@ def readme_table(found: list[Chapter] | None = None) -> list[str]:
     return rows
 
 
-def with_readme_table(text: str, found: list[Chapter] | None = None) -> str:
+def with_readme_table(text: str) -> str:
     """``text`` (the README) with the lines between its table markers replaced by :func:`readme_table`."""
     lines = text.splitlines()
     if TABLE_BEGIN not in lines or TABLE_END not in lines:
         raise ValueError(f"README.md needs the lines {TABLE_BEGIN!r} and {TABLE_END!r} around its chapter table")
     begin, end = lines.index(TABLE_BEGIN), lines.index(TABLE_END)
-    return "\n".join(lines[:begin + 1] + readme_table(found) + lines[end:]) + ("\n" if text.endswith("\n") else "")
+    return "\n".join(lines[:begin + 1] + readme_table() + lines[end:]) + ("\n" if text.endswith("\n") else "")
 
 
 def write_readme_table(path: Path = README) -> bool:

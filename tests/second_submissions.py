@@ -37,6 +37,7 @@ def notebook(chapter: str):
 
 def _grade(chapters: list[str]) -> int:
     import csv
+    import shutil
     import subprocess
     import tempfile
 
@@ -61,7 +62,6 @@ def _grade(chapters: list[str]) -> int:
             feedback = sorted((out / "feedback").rglob(f"*{ch}*.html"))
             if feedback and any(r["chapter"] == ch for r in lost):
                 print(f"feedback: {feedback[0]}")
-                import shutil
                 keep = Path(tempfile.gettempdir()) / f"second-feedback-{ch}.html"
                 shutil.copy(feedback[0], keep)
                 print(f"kept a copy at {keep}")
