@@ -141,6 +141,12 @@ def layout(nb: nbformat.NotebookNode, chapter: str) -> Layout:
                   tuple((ex, tuple(gids)) for ex, gids in owned.items()))
 
 
+def python_source(source: str) -> str:
+    """A code cell's source for :mod:`ast`: IPython's ``%`` magics and ``!`` shell lines blanked,
+    line numbers kept."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
+
+
 def defines(source: str, name: str) -> bool:
     """Whether ``source`` defines ``name`` at top level (function, class or assignment).
 

@@ -696,9 +696,12 @@ def _rules(policy: SourcePolicy) -> _Rules:
 
 def policy_for(chapter: str) -> SourcePolicy:
     """A chapter's ``SOURCE_POLICY`` (``grader/hidden/<chapter>.py``), or the default one."""
+    name = f"grader.hidden.{chapter}"
     try:
-        module = importlib.import_module(f"grader.hidden.{chapter}")
-    except ImportError:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name != name:  # the module exists but one of its own imports fails: not a chapter without a policy
+            raise
         return DEFAULT_POLICY
     policy = getattr(module, "SOURCE_POLICY", DEFAULT_POLICY)
     return policy if isinstance(policy, SourcePolicy) else DEFAULT_POLICY

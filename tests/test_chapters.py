@@ -28,7 +28,7 @@ import pytest
 
 from conftest import ROOT
 from grader.chapters import Chapter, every_chapter, read_declaration, readme_table, with_readme_table
-from grader.notebooks import read_source
+from grader.notebooks import python_source, read_source
 from grader.sandbox.rules import DANGEROUS, LIBRARIES
 
 CHAPTERS = every_chapter()
@@ -61,8 +61,7 @@ def _defines(tree: ast.Module, name: str) -> bool:
 def _imported_modules(sources: list[str]) -> set[str]:
     found = set()
     for source in sources:
-        code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
-        for node in ast.walk(ast.parse(code)):
+        for node in ast.walk(ast.parse(python_source(source))):
             if isinstance(node, ast.Import):
                 found |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:

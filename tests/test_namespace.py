@@ -25,7 +25,7 @@ import re
 import pytest
 
 from coursekit.graded import BUILTINS, global_reads, module_bindings
-from grader.notebooks import chapters, grade_id, layout, read_source
+from grader.notebooks import chapters, grade_id, layout, python_source, read_source
 
 # (chapter, exercise) -> {name: why it is named without being available}
 MENTIONED: dict[tuple[str, str], dict[str, str]] = {
@@ -49,8 +49,7 @@ MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$", re.M)
 
 
 def _python(source: str) -> str:
-    lines = ("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
-    return MARKERS.sub("", "\n".join(lines))
+    return MARKERS.sub("", python_source(source))
 
 
 def _parse(source: str) -> ast.Module:

@@ -30,7 +30,7 @@ import pytest
 
 from conftest import ROOT
 from grader.chapters import declared
-from grader.notebooks import chapters
+from grader.notebooks import chapters, python_source
 
 _UNIT = (r"(?:[KMGT]i?B\b|kB\b|(?:kilo|mega|giga|tera|kibi|mebi|gibi)?bytes?\b|bits?\b|\\?%|(?:per ?cent)\b"
          r"|×(?!\s?\d)|x\b|times\b|ms\b|s\b|(?:milli)?seconds?\b|minutes?\b|[KMGT]?FLOPs?\b|points?\b)")
@@ -52,9 +52,8 @@ def _normalise(text: str) -> str:
 
 def _string_literals(source: str) -> list[str]:
     """The string constants of a code cell, f-strings' literal parts included, format specs excluded."""
-    code = "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
     try:
-        tree = ast.parse(code)
+        tree = ast.parse(python_source(source))
     except SyntaxError:
         return [source]  # not Python: read it all
     specs = {id(part) for node in ast.walk(tree) if isinstance(node, ast.FormattedValue) and node.format_spec
