@@ -14,10 +14,13 @@ every figure drawn afterwards, for a projector.
 """
 from __future__ import annotations
 
+import base64
+import traceback
 from typing import Callable
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+from IPython.core.pylabtools import print_figure
 from IPython.display import display
 
 
@@ -45,32 +48,50 @@ def slider_plot(draw: Callable, ncols: int = 1, figsize=(7, 3.5), defaults: dict
 
     Returns nothing: it is the last line of a demo cell, and a returned widget would be shown
     a second time as the cell's value.
+
+    The figure is rendered here and handed to the output widget as a finished image, not captured
+    with ``with output:``. A captured display makes nbclient (which runs the lecture dashboards
+    and executed notebooks) write each output back to the kernel on the shell channel while it
+    waits for the cell's reply there; a reply that lands during such a write can be missed, and
+    the dashboard then waits for it forever.
     """
     defaults = defaults or {}
-    kwargs = {}
+    values, inputs = {}, {}
     for name, spec in controls.items():
         value = defaults.get(name, _default(spec))
         if isinstance(spec, tuple):
             cls = widgets.FloatSlider if any(isinstance(v, float) for v in spec) else widgets.IntSlider
             lo, hi = spec[0], spec[1]
             step = spec[2] if len(spec) > 2 else 1
-            kwargs[name] = cls(value=value, min=lo, max=hi, step=step, description=name,
+            inputs[name] = cls(value=value, min=lo, max=hi, step=step, description=name,
                                continuous_update=False)
         elif isinstance(spec, list):
-            kwargs[name] = widgets.Dropdown(options=spec, value=value, description=name)
+            inputs[name] = widgets.Dropdown(options=spec, value=value, description=name)
         else:
-            kwargs[name] = widgets.fixed(spec)
+            values[name] = spec  # a constant passed through to draw
     out = widgets.Output()
 
-    def redraw(**values):
-        with out:
-            out.clear_output(wait=True)
-            fig, axes = plt.subplots(1, ncols, figsize=figsize, squeeze=False)
-            draw(axes[0, 0] if ncols == 1 else list(axes[0]), **values)
+    def render() -> dict:
+        fig, axes = plt.subplots(1, ncols, figsize=figsize, squeeze=False)
+        try:
+            draw(axes[0, 0] if ncols == 1 else list(axes[0]),
+                 **values, **{name: w.value for name, w in inputs.items()})
             fig.tight_layout()
-            plt.show()
+            png = print_figure(fig, "png")
+        finally:
+            plt.close(fig)  # else the notebook's inline backend shows it a second time
+        return {"output_type": "display_data", "metadata": {},
+                "data": {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": repr(fig)}}
 
-    ui = widgets.interactive(redraw, **kwargs)
-    controls_box = widgets.HBox(ui.children[:-1], layout=widgets.Layout(flex_flow="row wrap"))
+    def redraw(_change=None) -> None:
+        try:
+            out.outputs = (render(),)
+        except Exception as e:  # noqa: BLE001 - a control's callback shows the error where the plot was
+            out.outputs = ({"output_type": "error", "ename": type(e).__name__, "evalue": str(e),
+                            "traceback": traceback.format_exception(e)},)
+
+    out.outputs = (render(),)  # the first figure: an error here fails the cell
+    for w in inputs.values():
+        w.observe(redraw, names="value")
+    controls_box = widgets.HBox(list(inputs.values()), layout=widgets.Layout(flex_flow="row wrap"))
     display(widgets.VBox([controls_box, out]))
-    ui.update()

@@ -118,3 +118,91 @@ def test_makefile_offers_demo_and_instructor_lab():
     assert re.search(r"^demo: .*\n\t.*-m grader demo --port=\$\(PORT\)", makefile, re.M)
     assert re.search(r"^lab: .*\n\tJUPYTER_CONFIG_PATH=\$\(CURDIR\)/config/student ", makefile, re.M)
     assert re.search(r"^lab-instructor: ", makefile, re.M)
+
+
+# --- slider_plot ----------------------------------------------------------------------------
+
+@pytest.fixture
+def shown(monkeypatch):
+    """What slider_plot displays, with ``with output:`` capture made to fail: the figure must
+    reach the output widget as a finished image."""
+    import ipywidgets
+    from coursekit import widgets as course_widgets
+
+    def no_capture(self):
+        raise AssertionError("slider_plot captured output with `with out:`")
+
+    monkeypatch.setattr(ipywidgets.Output, "__enter__", no_capture)
+    found = []
+    monkeypatch.setattr(course_widgets, "display", found.append)
+    return found
+
+
+def _parts(box):
+    controls, out = box.children
+    return {w.description: w for w in controls.children}, out
+
+
+def test_slider_plot_draws_into_the_output_widget_and_redraws_on_change(shown):
+    from coursekit.widgets import slider_plot
+
+    calls = []
+
+    def draw(ax, k=1, kind="a", scale=1.0):
+        calls.append((k, kind, scale))
+        ax.plot([0, k * scale])
+        ax.set_title(kind)
+
+    assert slider_plot(draw, k=(1, 8, 1), kind=["a", "b"], scale=2.0, defaults={"k": 3}) is None
+    controls, out = _parts(shown[0])
+    assert set(controls) == {"k", "kind"} and calls == [(3, "a", 2.0)]
+    assert not controls["k"].continuous_update  # redraw on release, not on every pixel
+    first = out.outputs
+    assert [o["output_type"] for o in first] == ["display_data"] and "image/png" in first[0]["data"]
+    assert out.msg_id == ""  # nothing was captured
+    controls["k"].value = 5
+    controls["kind"].value = "b"
+    assert calls[1:] == [(5, "a", 2.0), (5, "b", 2.0)]
+    assert len(out.outputs) == 1 and out.outputs[0]["data"]["image/png"] != first[0]["data"]["image/png"]
+
+
+def test_slider_plot_shows_a_later_error_in_place_of_the_plot_and_raises_the_first(shown):
+    from coursekit.widgets import slider_plot
+
+    def draw(ax, k=1):
+        if k == 2:
+            raise ValueError("k=2 is not drawable")
+        ax.plot([0, k])
+
+    slider_plot(draw, k=(1, 4, 1))
+    controls, out = _parts(shown[0])
+    controls["k"].value = 2
+    assert out.outputs[0]["output_type"] == "error" and out.outputs[0]["ename"] == "ValueError"
+    controls["k"].value = 3
+    assert out.outputs[0]["output_type"] == "display_data"
+    with pytest.raises(ValueError, match="not drawable"):
+        slider_plot(draw, k=(2, 4, 1))
+
+
+def test_a_slider_cell_run_by_nbclient_sends_nothing_back_to_the_kernel(monkeypatch):
+    """nbclient (which runs the lecture dashboards and the notebook tests) writes a captured
+    output back to the kernel on the shell channel while it waits there for the cell's reply; a
+    reply that arrived during such a write was missed, and the dashboard waited for it forever
+    ("Executing x of y" with the kernel idle). slider_plot must give it nothing to write back."""
+    import nbclient
+    import nbformat
+    from nbclient.output_widget import OutputWidget
+
+    from grader.timing import KERNEL_CONFIG
+
+    sent = []
+    monkeypatch.setattr(OutputWidget, "send", lambda self, *a, **k: sent.append(a))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from coursekit.widgets import slider_plot\n"
+        "slider_plot(lambda ax, k=1: ax.plot([0, k]), k=(1, 4, 1))")])
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", config=KERNEL_CONFIG,
+                            resources={"metadata": {"path": str(ROOT)}}).execute()
+    outputs = nb.cells[0].outputs
+    assert [o.output_type for o in outputs] == ["display_data"], outputs
+    assert "application/vnd.jupyter.widget-view+json" in outputs[0].data
+    assert sent == []
