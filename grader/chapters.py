@@ -13,6 +13,9 @@ block::
     #     checkpoints: [tinygpt_fibonacci]       # optional: pretrained weights in data/checkpoints/
     #     prose_numbers:                 # optional: phrases whose numbers are definitions or quoted
     #       - 'the paper''s 20×'         # figures, not measurements (tests/test_prose_numbers.py)
+    #     mentioned:                     # optional: names an exercise's text uses that grading does
+    #       flash_attention_triton:      # not offer, each with why (tests/test_namespace.py)
+    #         K: a matrix of the maths
     #   jupytext: ...
 
 and its cell markers declare the exercises and the graded test cells, each test cell naming the
@@ -25,12 +28,12 @@ chapter table from it; nothing else lists the chapters. ``tests/test_chapters.py
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.notebooks import ROOT, SOLUTIONS, chapters, layout, read_source
 
-_KEYS = {"title", "imports", "kernel", "checkpoints", "prose_numbers"}
+_KEYS = {"title", "imports", "kernel", "checkpoints", "prose_numbers", "mentioned"}
 README = ROOT / "README.md"
 TABLE_BEGIN = "<!-- The table is written by `python -m grader release` from the chapters' declarations. -->"
 TABLE_END = "<!-- end of the chapter table -->"
@@ -47,6 +50,8 @@ class Chapter:
     kernel: str | None = None  # a module of the kernels package, e.g. "kernels.ch05_tinytl"
     checkpoints: tuple[str, ...] = ()  # names of data/checkpoints/<name>.pt
     prose_numbers: tuple[str, ...] = ()  # phrases of its text whose numbers are not measured
+    # exercise -> {name its text uses that grading does not offer: why it is named}
+    mentioned: dict[str, dict[str, str]] = field(default_factory=dict, hash=False)
 
     def tests_of(self, exercise: str) -> tuple[str, ...]:
         return dict(self.exercise_tests).get(exercise, ())
@@ -58,6 +63,21 @@ def _names(value, key: str, chapter: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise ValueError(f"{chapter}: chapter.{key} must be a list of names, got {value!r}")
     return tuple(value)
+
+
+def _mentioned(value, exercises: tuple[str, ...], chapter: str) -> dict[str, dict[str, str]]:
+    if value is None:
+        return {}
+    shape = "a mapping exercise -> {name: why it is named}"
+    if not isinstance(value, dict):
+        raise ValueError(f"{chapter}: chapter.mentioned must be {shape}, got {value!r}")
+    for exercise, names in value.items():
+        if exercise not in exercises:
+            raise ValueError(f"{chapter}: chapter.mentioned names {exercise!r}, not an exercise of the chapter")
+        if not isinstance(names, dict) or not names or not all(
+                isinstance(k, str) and k and isinstance(v, str) and v.strip() for k, v in names.items()):
+            raise ValueError(f"{chapter}: chapter.mentioned.{exercise} must be {{name: why}}, got {names!r}")
+    return {exercise: dict(names) for exercise, names in value.items()}
 
 
 def read_declaration(source: Path) -> Chapter:
@@ -83,7 +103,8 @@ def read_declaration(source: Path) -> Chapter:
     return Chapter(chapter, title.strip(), lay.exercises, lay.tests, lay.exercise_tests,
                    _names(meta.get("imports"), "imports", chapter), kernel,
                    _names(meta.get("checkpoints"), "checkpoints", chapter),
-                   _names(meta.get("prose_numbers"), "prose_numbers", chapter))
+                   _names(meta.get("prose_numbers"), "prose_numbers", chapter),
+                   _mentioned(meta.get("mentioned"), lay.exercises, chapter))
 
 
 @functools.lru_cache(maxsize=None)

@@ -24,6 +24,11 @@
 #       - '"1.21× and 1.30× (two designs, GPT-2 medium)"'
 #       - '"3.6% of the model"'
 #       - '"0.4 points (GLUE)"'
+#     mentioned:  # names an exercise's text uses that grading does not offer (tests/test_namespace.py)
+#       apply_lora:
+#         TinyGPT: "the model the text describes; apply_lora works on any module"
+#         attn: "an attribute path of the model"
+#         mlp: "an attribute path of the model"
 #   jupytext:
 #     text_representation:
 #       extension: .py

@@ -7,6 +7,9 @@
 #       - 'Each graded cell may use 60 s and 4 GiB'  # the grader's limits per graded cell
 #       - '$256/32 = 8$ times the variance, so $\sqrt 8 \approx 2.8$ times the noise in standard deviation, not 8 times'
 #       - '8 times the variance is less than 3 times the noise'
+#     mentioned:  # names an exercise's text uses that grading does not offer (tests/test_namespace.py)
+#       train_accumulated:
+#         DataLoader: "an example of an accepted iterable"
 #   jupytext:
 #     text_representation:
 #       extension: .py

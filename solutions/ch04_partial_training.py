@@ -18,6 +18,9 @@
 #       - '"12×"'
 #       - '"16.3 points"'
 #       - 'the paper''s 12×'
+#     mentioned:  # names an exercise's text uses that grading does not offer (tests/test_namespace.py)
+#       pack_bits:
+#         kernels: "the course's kernels, refused as answers"
 #   jupytext:
 #     text_representation:
 #       extension: .py

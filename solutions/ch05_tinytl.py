@@ -19,6 +19,9 @@
 #       - '"~1.8×"'
 #       - '"~3.8% of memory"'
 #       - '(the paper: up to 6.5×)'
+#     mentioned:  # names an exercise's text uses that grading does not offer (tests/test_namespace.py)
+#       apply_tinytl:
+#         coursekit: "where the model's class lives (a type description)"
 #   jupytext:
 #     text_representation:
 #       extension: .py

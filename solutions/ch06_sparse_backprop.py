@@ -12,6 +12,9 @@
 #       - '"1–4%"'
 #       - '"37.1×"'
 #       - 'the paper''s 5.9× and 37×'
+#     mentioned:  # names an exercise's text uses that grading does not offer (tests/test_namespace.py)
+#       meprop_linear:
+#         coursekit: "the library that measures, named in the prose"
 #   jupytext:
 #     text_representation:
 #       extension: .py

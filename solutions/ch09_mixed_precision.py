@@ -16,6 +16,9 @@
 #       - '"nearly 2×"'
 #       - 'the paper''s 2×'
 #       - 'by less than 2× when'
+#     mentioned:  # names an exercise's text uses that grading does not offer (tests/test_namespace.py)
+#       GradScaler:
+#         NaN: "a floating-point value"
 #   jupytext:
 #     text_representation:
 #       extension: .py

@@ -23,6 +23,12 @@
 #       - 'the paper''s 20×'
 #       - '128 × N = 524,288 elements or more'  # the memory cells' rule: one block (128) times N = 4096
 #       - '(64 × N elements or more)'  # the visible memory tests' rule at blocks of 64
+#     mentioned:  # names an exercise's text uses that grading does not offer (tests/test_namespace.py)
+#       flash_attention_forward:
+#         nn: "torch's attention layers, refused"
+#       flash_attention_triton:
+#         K: "a matrix of the maths"
+#         V: "a matrix of the maths"
 #   jupytext:
 #     text_representation:
 #       extension: .py

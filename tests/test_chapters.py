@@ -264,3 +264,19 @@ def test_a_chapter_without_declaration_is_refused(tmp_path):
     (tmp_path / "ch98_toy.py").write_text(re.sub(r"#   chapter:\n(#     .*\n)+", "", TOY))
     with pytest.raises(ValueError, match="declares no chapter"):
         read_declaration(tmp_path / "ch98_toy.py")
+
+
+@pytest.mark.parametrize("block,error", [
+    ("#     mentioned:\n#       double:\n#         K: a matrix of the maths\n", None),
+    ("#     mentioned:\n#       triple:\n#         K: a matrix\n", "names 'triple', not an exercise of the chapter"),
+    ("#     mentioned:\n#       double: [K]\n", r"chapter.mentioned.double must be \{name: why\}"),
+    ("#     mentioned: [K]\n", "chapter.mentioned must be a mapping"),
+    ("#     mentioned_names: {}\n", "unknown chapter keys"),
+])
+def test_mentioned_names_are_declared_per_exercise_with_a_reason(tmp_path, block, error):
+    (tmp_path / "ch98_toy.py").write_text(TOY.replace("#   jupytext:\n", block + "#   jupytext:\n", 1))
+    if error is None:
+        assert read_declaration(tmp_path / "ch98_toy.py").mentioned == {"double": {"K": "a matrix of the maths"}}
+    else:
+        with pytest.raises(ValueError, match=error):
+            read_declaration(tmp_path / "ch98_toy.py")

@@ -10,10 +10,11 @@ exercise of every chapter (nothing is executed):
   names it reads from the module's globals, by Python's scoping rules; students' visible test
   cells run the same analysis on their own cells, ``coursekit.graded.check_as_graded``);
 - every module, class or dotted name the exercise's text puts in backticks (its docstring and
-  comments, and the markdown just above the cell) resolves by its first part, unless
-  ``MENTIONED`` lists it for that exercise with the reason it is named without being offered
-  (a refused library, an attribute path, a symbol of the maths). A listed name that the text
-  no longer holds fails too, so the list cannot grow stale.
+  comments, and the markdown just above the cell) resolves by its first part, unless the
+  chapter's declaration lists it for that exercise (``chapter: mentioned:`` in the header of
+  ``solutions/<id>.py``) with the reason it is named without being offered (a refused library,
+  an attribute path, a symbol of the maths). A listed name that the text no longer holds fails
+  too, so the list cannot grow stale.
 """
 from __future__ import annotations
 
@@ -25,25 +26,9 @@ import re
 import pytest
 
 from coursekit.graded import BUILTINS, global_reads, module_bindings
+from grader.chapters import declared
 from grader.notebooks import chapters, grade_id, layout, python_source, read_source
 
-# (chapter, exercise) -> {name: why it is named without being available}
-MENTIONED: dict[tuple[str, str], dict[str, str]] = {
-    ("ch00_memory", "predict_training_memory"): {
-        "AddmmBackward0": "a grad_fn shown in the text", "ReluBackward0": "a grad_fn shown in the text"},
-    ("ch01_lora", "apply_lora"): {
-        "TinyGPT": "the model the text describes; apply_lora works on any module",
-        "attn": "an attribute path of the model", "mlp": "an attribute path of the model"},
-    ("ch02_checkpointing", "checkpoint"): {"Function": "torch.autograd.Function, named in the prose"},
-    ("ch03_accumulation", "train_accumulated"): {"DataLoader": "an example of an accepted iterable"},
-    ("ch04_partial_training", "pack_bits"): {"kernels": "the course's kernels, refused as answers"},
-    ("ch05_tinytl", "apply_tinytl"): {"coursekit": "where the model's class lives (a type description)"},
-    ("ch06_sparse_backprop", "meprop_linear"): {"coursekit": "the library that measures, named in the prose"},
-    ("ch08_quantization", "nf4_dequantize"): {"kernels": "the course's kernels, refused as answers"},
-    ("ch09_mixed_precision", "GradScaler"): {"NaN": "a floating-point value"},
-    ("ch10_flash_attention", "flash_attention_forward"): {"nn": "torch's attention layers, refused"},
-    ("ch10_flash_attention", "flash_attention_triton"): {"K": "a matrix of the maths", "V": "a matrix of the maths"},
-}
 TICKED = re.compile(r"`{1,2}([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?:\([^`]*\))?`{1,2}")
 MARKERS = re.compile(r"^\s*### (BEGIN|END) SOLUTION\s*$", re.M)
 
@@ -122,9 +107,10 @@ def test_names_the_exercise_text_suggests_are_provided(chapter, exercise, source
     named = {m.split(".")[0] for m in TICKED.findall(text)
              if "." in m or m[:1].isupper() or _is_module(m)}
     unresolved = named - bound_here - BUILTINS - provided
-    allowed = MENTIONED.get((chapter, exercise), {})
+    allowed = declared(chapter).mentioned.get(exercise, {})
     offered = sorted(unresolved - allowed.keys())
     assert not offered, (f"{chapter}: the text of {exercise} names {offered}, which grading does not provide: "
-                         f"import it in a setup cell, or list it in MENTIONED with why it is named")
+                         f"import it in a setup cell, or declare it in solutions/{chapter}.py's header "
+                         f"(chapter: mentioned: {exercise}: NAME: why it is named)")
     stale = sorted(set(allowed) - named)
-    assert not stale, f"{chapter}: MENTIONED lists {stale} for {exercise}, which its text no longer names"
+    assert not stale, f"{chapter}: chapter.mentioned lists {stale} for {exercise}, which its text no longer names"
