@@ -12,17 +12,41 @@ from __future__ import annotations
 import os
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from traitlets.config import Config
+from jupyter_client import AsyncKernelManager
+from jupyter_core.paths import jupyter_runtime_dir
+from traitlets import default
 
 from grader.notebooks import ROOT, chapters
 
-# Kernels talk over Unix sockets: TCP ports are picked, released, then bound by the kernel, and
-# two kernels started at once by different processes can pick the same one and stall a client.
-KERNEL_CONFIG = Config({"KernelManager": {"transport": "ipc"}})
+
+class IpcKernelManager(AsyncKernelManager):
+    """nbclient's kernel manager, on Unix sockets with paths of its own.
+
+    TCP ports are picked, released, then bound by the kernel, so two kernels started at once can
+    pick the same one. Unix sockets avoid that only if each kernel has its own paths: without a
+    connection file chosen up front, jupyter_client names every kernel's sockets ``kernel-ipc-N``
+    in the working directory, and two kernels started there at once (two test workers) can bind
+    the same ones ("Kernel didn't respond", "Invalid Signature"). Each kernel gets a connection
+    file of its own in Jupyter's runtime directory, and its sockets are named after it."""
+
+    @default("transport")
+    def _transport_default(self) -> str:
+        return "ipc"
+
+    @default("connection_file")
+    def _connection_file_default(self) -> str:
+        runtime = jupyter_runtime_dir()
+        os.makedirs(runtime, mode=0o700, exist_ok=True)
+        return os.path.join(runtime, f"nbclient-{uuid.uuid4().hex[:12]}.json")
+
+
+# What every nbclient.NotebookClient of the course is given.
+KERNEL_OPTIONS = {"kernel_name": "python3", "kernel_manager_class": IpcKernelManager}
 HIDDEN = re.compile(r"^### BEGIN HIDDEN TESTS$.*?^### END HIDDEN TESTS$\n?", re.M | re.S)
 
 
@@ -59,8 +83,8 @@ def time_chapter(chapter: str, fast: bool = False, timeout: float = 300, save: P
         os.environ["COURSE_FAST"] = "1"
     else:
         os.environ.pop("COURSE_FAST", None)
-    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=True,
-                                     resources={"metadata": {"path": str(ROOT)}}, config=KERNEL_CONFIG)
+    client = nbclient.NotebookClient(nb, timeout=timeout, record_timing=True,
+                                     resources={"metadata": {"path": str(ROOT)}}, **KERNEL_OPTIONS)
     error = ""
     start = time.perf_counter()
     try:

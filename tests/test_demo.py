@@ -193,14 +193,14 @@ def test_a_slider_cell_run_by_nbclient_sends_nothing_back_to_the_kernel(monkeypa
     import nbformat
     from nbclient.output_widget import OutputWidget
 
-    from grader.timing import KERNEL_CONFIG
+    from grader.timing import KERNEL_OPTIONS
 
     sent = []
     monkeypatch.setattr(OutputWidget, "send", lambda self, *a, **k: sent.append(a))
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "from coursekit.widgets import slider_plot\n"
         "slider_plot(lambda ax, k=1: ax.plot([0, k]), k=(1, 4, 1))")])
-    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", config=KERNEL_CONFIG,
+    nbclient.NotebookClient(nb, timeout=120, **KERNEL_OPTIONS,
                             resources={"metadata": {"path": str(ROOT)}}).execute()
     outputs = nb.cells[0].outputs
     assert [o.output_type for o in outputs] == ["display_data"], outputs

@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 from grader.notebooks import chapters, read_source
 from grader.release import with_graded_checks
-from grader.timing import KERNEL_CONFIG
+from grader.timing import KERNEL_OPTIONS
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ def test_solution_notebook_executes(chapter, tmp_path):
     nb = with_graded_checks(read_source(chapter), chapter)
     env_fast = os.environ.get("COURSE_FAST")
     assert env_fast == "1", "tests execute notebooks in fast mode"
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", config=KERNEL_CONFIG,
+    client = nbclient.NotebookClient(nb, timeout=600, **KERNEL_OPTIONS,
                                      resources={"metadata": {"path": str(ROOT)}})
     start = time.perf_counter()
     client.execute()

@@ -1,4 +1,5 @@
 """`python -m grader time`: solved chapters run as a student runs them, hidden tests left out."""
+import os
 import subprocess
 import sys
 
@@ -29,3 +30,18 @@ def test_a_chapter_is_timed_and_saved_without_hidden_tests(tmp_path):
     nb = nbformat.read(tmp_path / "ch00_memory.ipynb", as_version=4)
     assert any(c.get("outputs") for c in nb.cells if c.cell_type == "code")
     assert not any("run_hidden" in c.source for c in nb.cells)
+
+
+def test_each_notebook_kernel_has_socket_paths_of_its_own(tmp_path, monkeypatch):
+    """Without a connection file chosen up front, jupyter_client names every ipc kernel's sockets
+    kernel-ipc-N in the working directory, and two test workers starting kernels there at once
+    bound the same ones ("Kernel didn't respond in 60 seconds", "Invalid Signature")."""
+    from grader.timing import KERNEL_OPTIONS
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
+    a, b = (KERNEL_OPTIONS["kernel_manager_class"](kernel_name="python3") for _ in range(2))
+    assert a.transport == b.transport == "ipc"
+    assert a.ip != b.ip and os.path.isabs(a.ip) and os.path.isabs(b.ip)
+    assert os.path.dirname(a.ip) == str(tmp_path / "runtime") and (tmp_path / "runtime").is_dir()
+    assert len(f"{a.ip}-5") < 100  # a Unix socket path holds at most 107 bytes

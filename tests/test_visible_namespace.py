@@ -346,14 +346,13 @@ def _solved(released_nb) -> nbformat.NotebookNode:
     return nb
 
 
-def _execute(nb, folder, monkeypatch):
+def _execute(nb, folder):
     import nbclient
 
-    from grader.timing import KERNEL_CONFIG
+    from grader.timing import KERNEL_OPTIONS
 
     nbformat.write(nb, folder / f"{RELEASED}.ipynb")  # the student's notebook, where the kernel runs
-    monkeypatch.chdir(folder)  # the kernel's IPC sockets are named relative to the working directory
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", config=KERNEL_CONFIG,
+    client = nbclient.NotebookClient(nb, timeout=600, **KERNEL_OPTIONS,
                                      allow_errors=True, resources={"metadata": {"path": str(folder)}})
     client.execute()
     return nb
@@ -368,13 +367,13 @@ def _grade_id(cell):
 
 
 @pytest.mark.slow
-def test_a_visible_test_shows_the_name_the_grader_will_miss(released, tmp_path, monkeypatch):
+def test_a_visible_test_shows_the_name_the_grader_will_miss(released, tmp_path):
     nb = with_exercise(RELEASED, "pack_bits", NUMPY_PACK_BITS, base=_solved(released))
     at = next(i for i, c in enumerate(nb.cells) if _grade_id(c) == "pack_bits")
     nb.cells.insert(at, nbformat.v4.new_code_cell("import numpy as np  # only in the student's kernel"))
     end = next(i for i, c in enumerate(nb.cells) if _grade_id(c) == "test_pack_bits")
     nb.cells = nb.cells[:end + 1]
-    nb = _execute(nb, tmp_path, monkeypatch)
+    nb = _execute(nb, tmp_path)
     *before, test_cell = [c for c in nb.cells if c.cell_type == "code"]
     assert not [e for c in before for e in _errors(c)], "every cell before the visible test runs"
     (error,) = _errors(test_cell)
@@ -384,8 +383,8 @@ def test_a_visible_test_shows_the_name_the_grader_will_miss(released, tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_solved_notebook_runs_clean_with_its_checks(released, tmp_path, monkeypatch):
-    nb = _execute(_solved(released), tmp_path, monkeypatch)
+def test_a_solved_notebook_runs_clean_with_its_checks(released, tmp_path):
+    nb = _execute(_solved(released), tmp_path)
     tests = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade")]
     assert tests and all("check_as_graded" in c.source for c in tests)
     assert not [(c.source[:80], e.evalue) for c in nb.cells for e in _errors(c)]
