@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -22,6 +23,9 @@ from jupyter_core.paths import jupyter_runtime_dir
 from traitlets import default
 
 from grader.notebooks import ROOT, chapters
+
+
+SOCKET_PATH_MAX = 107  # bytes in a Unix socket's path (sun_path, less its final NUL)
 
 
 class IpcKernelManager(AsyncKernelManager):
@@ -40,9 +44,12 @@ class IpcKernelManager(AsyncKernelManager):
 
     @default("connection_file")
     def _connection_file_default(self) -> str:
-        runtime = jupyter_runtime_dir()
-        os.makedirs(runtime, mode=0o700, exist_ok=True)
-        return os.path.join(runtime, f"nbclient-{uuid.uuid4().hex[:12]}.json")
+        name = f"nbclient-{uuid.uuid4().hex[:12]}"
+        folder = jupyter_runtime_dir()
+        if len(os.path.join(folder, f"{name}-ipc-99")) > SOCKET_PATH_MAX:
+            folder = tempfile.gettempdir()  # a runtime directory too deep for socket paths
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        return os.path.join(folder, f"{name}.json")
 
 
 # What every nbclient.NotebookClient of the course is given.

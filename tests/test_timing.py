@@ -36,12 +36,19 @@ def test_each_notebook_kernel_has_socket_paths_of_its_own(tmp_path, monkeypatch)
     """Without a connection file chosen up front, jupyter_client names every ipc kernel's sockets
     kernel-ipc-N in the working directory, and two test workers starting kernels there at once
     bound the same ones ("Kernel didn't respond in 60 seconds", "Invalid Signature")."""
-    from grader.timing import KERNEL_OPTIONS
+    import tempfile
 
+    from grader.timing import KERNEL_OPTIONS, SOCKET_PATH_MAX
+
+    manager = KERNEL_OPTIONS["kernel_manager_class"]
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))
-    a, b = (KERNEL_OPTIONS["kernel_manager_class"](kernel_name="python3") for _ in range(2))
+    runtime = tempfile.mkdtemp(prefix="rt-")
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", runtime)
+    a, b = (manager(kernel_name="python3") for _ in range(2))
     assert a.transport == b.transport == "ipc"
-    assert a.ip != b.ip and os.path.isabs(a.ip) and os.path.isabs(b.ip)
-    assert os.path.dirname(a.ip) == str(tmp_path / "runtime") and (tmp_path / "runtime").is_dir()
-    assert len(f"{a.ip}-5") < 100  # a Unix socket path holds at most 107 bytes
+    assert a.ip != b.ip and os.path.dirname(a.ip) == os.path.dirname(b.ip) == runtime
+    deep = tmp_path / ("d" * 60) / "runtime"  # socket paths there would not fit: the temp dir instead
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(deep))
+    c = manager(kernel_name="python3")
+    assert os.path.isabs(c.ip) and len(f"{c.ip}-5") <= SOCKET_PATH_MAX and not deep.exists()
+    os.rmdir(runtime)
