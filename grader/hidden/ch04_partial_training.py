@@ -188,7 +188,7 @@ def check_set_trainable(nb):
 @hidden_test("test_set_trainable_errors")
 def check_set_trainable_errors(nb):
     for bad in ("lora", "bias", "last+bn"):
-        err = fetch(nb.apply(probes.ch04_error, nb.set_trainable, TransferCNN(widths=(4,), strides=(1,)), bad))
+        err = fetch(nb.apply(probes.raised_message, nb.set_trainable, TransferCNN(widths=(4,), strides=(1,)), bad))
         if err is None or "ValueError" not in err["types"]:
             what = "returned normally" if err is None else f"raised {err['types'][0]}"
             raise AssertionError(f"set_trainable(model, {bad!r}) {what}: an unknown mode must raise ValueError "
@@ -315,7 +315,7 @@ def _report(wrong: list[tuple[str, list[str], str]]) -> None:
 def check_pack_bits_errors(nb):
     for bad, what in ((torch.ones(12), "a float tensor"), (torch.ones(12, dtype=torch.uint8), "a uint8 tensor"),
                       (torch.arange(12), "an int64 tensor")):
-        err = fetch(nb.apply(probes.ch04_error, nb.pack_bits, bad))
+        err = fetch(nb.apply(probes.raised_message, nb.pack_bits, bad))
         if err is None or "ValueError" not in err["types"]:
             got = "returned normally" if err is None else f"raised {err['types'][0]}"
             raise AssertionError(f"pack_bits on {what} {got}: only torch.bool masks are accepted; check the dtype "
@@ -353,7 +353,7 @@ def _readings(packed: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
 
 
 def _refused(nb, packed: torch.Tensor, numel: int, why: str) -> None:
-    err = fetch(nb.apply(probes.ch04_error, nb.unpack_bits, packed, numel))
+    err = fetch(nb.apply(probes.raised_message, nb.unpack_bits, packed, numel))
     if err is None or "ValueError" not in err["types"]:
         got = "returned normally" if err is None else f"raised {err['types'][0]}"
         raise AssertionError(f"unpack_bits on {why} {got}: the docstring asks for ValueError when packed is not "

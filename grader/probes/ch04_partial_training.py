@@ -1,4 +1,4 @@
-"""Probes of chapter 4 (partial training): raised errors, and what autograd saves during a call."""
+"""Probes of chapter 4 (partial training): what autograd saves during a call."""
 from __future__ import annotations
 
 from typing import Callable
@@ -6,15 +6,6 @@ from typing import Callable
 import torch
 
 from coursekit.measure import saved_tensors
-
-
-def ch04_error(fn: Callable, *args, **kwargs) -> dict | None:
-    """Call ``fn``; None if it returned, else the exception's class names (MRO) and message."""
-    try:
-        fn(*args, **kwargs)
-    except Exception as e:  # noqa: BLE001 - reporting what was raised is the point
-        return {"types": [c.__name__ for c in type(e).__mro__], "message": str(e)[:500]}
-    return None
 
 
 def ch04_saved_run(fn: Callable, x: torch.Tensor, grad_out: torch.Tensor, overwrite: bool = False) -> dict:

@@ -68,7 +68,7 @@ def measure_forward_backward(module: nn.Module, x: torch.Tensor, grad_out: torch
 
 
 def raised_message(fn: Callable, *args, **kwargs) -> dict | None:
-    """Call ``fn``; None if it returned, else the exception's class names (MRO) and message (chapters 0, 1)."""
+    """Call ``fn``; None if it returned, else the exception's class names (MRO) and message."""
     try:
         fn(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - reporting what was raised is the point
