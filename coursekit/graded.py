@@ -50,16 +50,23 @@ COURSE_PACKAGES = ("coursekit", "kernels")
 
 def defines(source: str, name: str) -> bool:
     """Whether ``source`` defines ``name`` at top level (function, class or assignment)."""
-    defs, assigned = _top_level(source)
+    defs, assigned = _top_level(source) if len(source) <= _CACHED_CHARS else _scan(source)
     return name in defs or name in assigned
+
+
+_CACHED_CHARS = 64 * 1024  # longer sources are parsed each time, never kept in the cache
 
 
 @functools.lru_cache(maxsize=4096)
 def _top_level(source: str) -> tuple[frozenset, frozenset]:
     """(names a top-level def/class defines, names a top-level assignment binds)."""
+    return _scan(source)
+
+
+def _scan(source: str) -> tuple[frozenset, frozenset]:
     try:
         tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return frozenset(), frozenset()
     defs, assigned = set(), set()
     for node in tree.body:

@@ -143,8 +143,12 @@ class LocalNamespace:
     def apply(self, fn: Callable, *args, **kwargs):
         return fn(*args, **kwargs)
 
-    def setup_held(self):
-        """Not known in-kernel (see ``RemoteNamespace.setup_held``)."""
+    def baseline_held(self):
+        """Not known in-kernel (see ``RemoteNamespace.baseline_held``)."""
+        return None
+
+    def exercise_cells_held(self):
+        """Not known in-kernel (see ``RemoteNamespace.exercise_cells_held``)."""
         return None
 
     def memory(self, reset_peak: bool = False):

@@ -51,8 +51,8 @@ class Meter:
 
     A reading compares two moments, so memory held *before* the measured call and freed during
     it would hide what the call keeps ("ballast"). The meter closes that: the exercise cells may
-    hold almost nothing once run (the first reading against ``nb.setup_held()``, a worker that
-    ran only the setup cells); between the check's start and a measured call, the student's code may keep only
+    hold almost nothing once run beyond what the course's own do (the first reading against
+    ``nb.baseline_held()``, a worker that ran the setup cells and the course's exercise cells); between the check's start and a measured call, the student's code may keep only
     ``GROWTH`` bytes (its own parameters, a warm-up's leftovers; what the judge builds there goes
     through :meth:`judge` and is not counted); and a call may not end holding less than it started
     with. Create the meter first thing in a check, before any call into the student's code.
@@ -61,12 +61,13 @@ class Meter:
     def __init__(self, nb):
         self.nb = nb
         self.base = nb.memory()
-        setup = nb.setup_held()
-        if setup is not None and self.base.held - setup > FOOTPRINT:
+        mine, course = nb.exercise_cells_held(), nb.baseline_held()
+        if mine is not None and course is not None and mine - course > FOOTPRINT:
             raise AssertionError(
-                f"once your exercise cells had run, before the grader called anything, your process held "
-                f"{mib(self.base.held - setup)} more than the setup cells alone (read from outside your process): "
-                "exercise cells define functions and classes; allocate memory inside them, when they are called")
+                f"once your exercise cells had run, before the grader called anything, they held "
+                f"{mib(mine - course)} more than the course's own exercise cells (read from outside your "
+                "process): exercise cells define functions and classes; allocate memory inside them, when they "
+                "are called")
         self.judged = 0
         # In-kernel (an instructor's own notebook, the tests of hidden tests) judge and student share one
         # trusted process: only the measured call's own growth is read there.

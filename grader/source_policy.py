@@ -128,6 +128,7 @@ BUILTINS_REFUSED = {
     "breakpoint": "it starts a debugger", "input": "exercises read no input", "help": "it starts a pager",
 }
 ATTRIBUTE_BUILTINS = ("getattr", "hasattr", "setattr", "delattr")
+MAX_SOURCE_CHARS = 256 * 1024  # an exercise cell is one function or class: larger cells are refused unread
 
 
 def _internals() -> dict[str, str]:
@@ -216,9 +217,12 @@ class Breach:
     line: int
     why: str
     instead: str = ""
+    not_python: bool = False  # the line is not Python at all (a magic, a syntax error)
 
     def describe(self) -> str:
         instead = f" Instead: {self.instead}." if self.instead else ""
+        if self.not_python:
+            return f"line {self.line} is {self.construct}, which is not Python ({self.why}).{instead}"
         return f"line {self.line} uses {self.construct}, which exercise cells may not use ({self.why}).{instead}"
 
 
@@ -679,14 +683,49 @@ def check_source(source: str, policy: SourcePolicy = DEFAULT_POLICY, setup: tupl
     """The breaches of one exercise cell's ``source`` (empty: the cell may run).
 
     ``setup`` is the chapter's trusted setup cells: the names they bind to modules count as
-    modules in the cell. A cell that does not parse is left to the worker (which reports the
-    syntax error as usual).
+    modules in the cell. Fails closed: a cell that is not plain Python (IPython's magics, shell
+    escapes and help syntax included) is refused with its line named, and so is a cell on which
+    the policy itself fails, for whatever reason.
     """
+    if len(source) > MAX_SOURCE_CHARS:
+        return [Breach(f"a cell of {len(source):,} characters", 1, f"over the grader's limit of {MAX_SOURCE_CHARS:,} "
+                       "for one exercise cell, so it is not read", "keep the exercise cell to its function or class")]
     try:
         tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return []
-    return _Checker(_rules(policy), setup_modules(tuple(setup))).run(tree)
+    except SyntaxError as e:
+        return [_not_python(source, e)]
+    except (ValueError, RecursionError, MemoryError) as e:  # null bytes, nesting too deep to read
+        return [Breach("code the grader cannot read", 1, f"{type(e).__name__} while reading the cell")]
+    try:
+        return _Checker(_rules(policy), setup_modules(tuple(setup))).run(tree)
+    except Exception as e:  # noqa: BLE001 - fail closed: what the policy cannot read does not run
+        return [Breach("code the grader cannot read", 1,
+                       f"the grader's check of the cell failed ({type(e).__name__}), so it does not run it")]
+
+
+# What a line that is not Python most often is, in a notebook cell.
+_IPYTHON_SYNTAX = (
+    (re.compile(r"^\s*%%"), "a cell magic (%%...)"),
+    (re.compile(r"^\s*%|=\s*%"), "a line magic (%...)"),
+    (re.compile(r"^\s*!|=\s*!"), "a shell escape (!...)"),
+    (re.compile(r"^\s*\?|\?\s*$"), "IPython help syntax (...?)"),
+    (re.compile(r"^[;,/]"), "IPython's autocall syntax (/f x, ;f x, ,f x)"),
+)
+
+
+def _not_python(source: str, error: SyntaxError) -> Breach:
+    """The breach for a cell that does not parse, at the line where parsing failed."""
+    number = error.lineno or 1
+    lines = source.splitlines()
+    line = lines[number - 1] if 0 < number <= len(lines) else ""
+    for pattern, what in _IPYTHON_SYNTAX:
+        if pattern.search(line):
+            return Breach(what, number, "the grader runs exercise cells as plain Python; magics, shell "
+                          "escapes and help syntax work only in a notebook's kernel",
+                          "remove the line, or move it to a cell of its own outside the exercise cell",
+                          not_python=True)
+    return Breach("a syntax error", number, error.msg, "fix the line: the grader runs the cell as written",
+                  not_python=True)
 
 
 @lru_cache(maxsize=64)

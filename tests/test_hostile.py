@@ -101,8 +101,7 @@ def run(program, targets, mode=None, monkeypatch=None):
     if mode is not None:
         default = judge._server
         monkeypatch.setattr(judge, "_server", lambda m=None: default(mode))
-    return judge.run_checks(toy.CHAPTER, program, toy.GRADE_IDS, LIMITS,
-                            submission_dir=targets["submission"], checks=checks_for(toy.CHAPTER))
+    return judge.run_checks(toy.CHAPTER, program, toy.GRADE_IDS, LIMITS, checks=checks_for(toy.CHAPTER))
 
 
 def _params(plain: bool):

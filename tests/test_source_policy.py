@@ -285,8 +285,49 @@ def test_shortcuts_belong_to_their_chapter():
     assert policy_for("ch99_no_such_chapter") is DEFAULT_POLICY
 
 
-def test_a_cell_that_does_not_parse_is_left_to_the_worker():
-    assert check_source("def f(:\n", DEFAULT_POLICY) == []
+# Every form of IPython-only syntax a cell can hold (IPython's own transformers accept each of them).
+IPYTHON_SYNTAX = {
+    "%time x = 1": "a line magic", "x = 1\n%timeit x + 1": "a line magic", "%%time\nx = 1": "a cell magic",
+    "%%capture out\nx = 1": "a cell magic", "%matplotlib inline": "a line magic", "%load_ext autoreload": "a line magic",
+    "%config InlineBackend.figure_format = 'svg'": "a line magic", "  %time x = 1": "a line magic",
+    "!ls /": "a shell escape", "!!ls": "a shell escape", "files = !ls": "a shell escape", "x = 1\n  !true": "a shell escape",
+    "x?": "IPython help syntax", "x??": "IPython help syntax", "?x": "IPython help syntax", "torch.nn?": "IPython help syntax",
+    "%%bash\nls": "a cell magic", "x = %env HOME": "a line magic", ";print a b": "IPython's autocall",
+    ",print a b": "IPython's autocall", "/print 1, 2": "IPython's autocall", "%time \\\n  x = 1": "a line magic",
+}
+
+
+@pytest.mark.parametrize("source,what", IPYTHON_SYNTAX.items(), ids=list(IPYTHON_SYNTAX))
+def test_ipython_syntax_is_refused_with_its_line(source, what):
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    assert TransformerManager().transform_cell(source)  # a notebook kernel would run it
+    found = check_source(source, DEFAULT_POLICY)
+    assert len(found) == 1 and found[0].not_python, found
+    assert found[0].construct.startswith(what), found[0].describe()
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if text.strip() != "x = 1")
+    assert found[0].describe().startswith(f"line {line} is "), found[0].describe()
+
+
+def test_a_cell_that_does_not_parse_is_refused():
+    found = check_source("def f(:\n    return 1\n", DEFAULT_POLICY)
+    assert [b.describe() for b in found] == [
+        "line 1 is a syntax error, which is not Python (invalid syntax). Instead: fix the line: the grader "
+        "runs the cell as written."]
+    for unreadable in ("x = 1\0", "(" * 300 + ")" * 300, "[" * 10_000 + "]" * 10_000):
+        assert check_source(unreadable, DEFAULT_POLICY), unreadable[:20]
+
+
+def test_the_policy_fails_closed(monkeypatch):
+    from grader import source_policy
+
+    def broken(self, tree):
+        raise KeyError("a bug in the policy")
+
+    monkeypatch.setattr(source_policy._Checker, "run", broken)
+    found = check_source("def f(x):\n    return x\n", DEFAULT_POLICY)
+    assert [b.construct for b in found] == ["code the grader cannot read"]
+    assert "failed (KeyError)" in found[0].describe()
 
 
 # --- grading ----------------------------------------------------------------------------------------
@@ -299,7 +340,7 @@ def test_a_refused_exercise_scores_zero_and_is_not_run(tmp_path, monkeypatch):
     path = write(tmp_path, "s", chapter, with_exercise(chapter, "checkpoint", forbidden))
     calls = []
 
-    def fake_run_checks(chapter_, program, grade_ids, limits, submission_dir=None, setup=None, checks=None):
+    def fake_run_checks(chapter_, program, grade_ids, limits, setup=None, baseline=None, checks=None):
         calls.append((program, grade_ids))
         return {gid: Outcome(gid, True, "") for gid in grade_ids}
 
@@ -343,7 +384,7 @@ def test_the_reference_submission_is_not_refused(tmp_path, monkeypatch):
     path = write(tmp_path, "s", chapter, reference(chapter))
     calls = []
     monkeypatch.setattr(autograde, "run_checks",
-                        lambda ch, program, gids, limits, submission_dir=None, setup=None, checks=None:
+                        lambda ch, program, gids, limits, setup=None, baseline=None, checks=None:
                         calls.append(gids) or {g: Outcome(g, True, "") for g in gids})
     lay = autograde.release_layout(chapter)
     result = autograde.grade_one("s", chapter, path, lay, autograde.Limits())

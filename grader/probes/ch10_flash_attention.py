@@ -269,3 +269,16 @@ def ch10_triton_run(fn: Callable, *args, spaced: bool = False) -> dict:
         report["tampered"] = _ch10_changed(snap)
     traced["bounds"] = report
     return traced
+
+
+def ch10_prime() -> None:
+    """Prime a worker of this chapter before any student code runs (``grader.sandbox.judge.primes_of``): the
+    course's own FlashAttention kernel on a few tiles through Triton's interpreter with its accesses checked
+    (``ch10_triton_run``), and the operator trace, so that their first run's copies of shared pages and
+    caches are not read as the student's memory. (A kernel defined here would make the interpreter write
+    into this module's namespace, which the integrity check watches.)"""
+    from kernels.ch10_flash_attention import fused_attention_fwd
+
+    q, k, v = (torch.randn(1, 1, 40, 16) for _ in range(3))
+    ch10_triton_run(lambda *a: fused_attention_fwd(*a, causal=True)[0], q, k, v)
+    ch10_trace(lambda t: t.softmax(-1) @ t.T, torch.randn(8, 8))

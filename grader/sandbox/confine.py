@@ -1,9 +1,11 @@
 """Confining the worker's process: its environment, resource limits, a uid, no new privileges.
 
-These run in the forked child before any student code, in this order:
-:func:`settle_environment` → :func:`apply_limits` (rlimits, as root) → :func:`drop_privileges`
-(a uid of its own) → :func:`harden` (no new privileges, die with the fork server). The
-in-process layer that follows them, the audit hook, is in ``policy.py``.
+These run in the forked child before any student code, in this order: :func:`own_namespaces`
+(as root) → :func:`settle_environment` → :func:`apply_limits` (rlimits) → :func:`drop_privileges`
+(a uid of its own) → :func:`harden` (no new privileges, die with the fork server); then, once the
+worker's imports are done, the seccomp filter (``syscalls.py``). The in-process layer that follows
+them, the audit hook, is in ``policy.py``. The judge puts the worker in a cgroup of its own
+(``cgroups.py``) before it sends the first cell.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ OPEN_FILES = 256
 WORKDIR_BYTES = 128 * 1024**2  # the worker's own tmpfs: all its files together
 WORKDIR_INODES = 1024
 
-_CLONE_NEWNS = 0x00020000
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWNET, _CLONE_NEWUTS = 0x00020000, 0x08000000, 0x40000000, 0x04000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
 
@@ -37,14 +39,18 @@ def settle_environment(workdir: str, repo: str) -> None:
     sys.path[:] = [p for p in sys.path if p not in ("", ".", repo)]
 
 
-def private_workdir(workdir: str, work_base: str, uid: int, shared_root: bool) -> bool:
-    """Give the worker a file system of its own: a tmpfs on ``workdir``, in a mount namespace of its own.
+def own_namespaces(workdir: str, work_base: str, uid: int, shared_root: bool, strict: bool) -> bool:
+    """Give the worker namespaces of its own and a file system of its own.
 
-    Its byte and inode limits are the worker's alone, and in that namespace the shared directory
-    that holds every worker's directory is read-only, so no worker can exhaust what another needs
-    to start. Needs CAP_SYS_ADMIN (root, or root mapped in a user namespace); returns False, and
-    changes nothing, without it. ``shared_root``: the server runs in the machine's own mount
-    namespace (plain mode), whose mounts may propagate. Uses ctypes: this runs before the audit hook, in trusted code.
+    New mount, IPC, network and UTS namespaces (the PID namespace was made by the fork server, which
+    forked this process into a new one as its first process): System V and POSIX IPC objects, any
+    network interface and the host name are the worker's alone and vanish with it. In the new mount
+    namespace a tmpfs on ``workdir`` has its own byte and inode limits, the shared directory that
+    holds every worker's directory is read-only, and a fresh ``/proc`` shows only the worker's own
+    PID namespace. Needs CAP_SYS_ADMIN (root, or root mapped in a user namespace); returns False, and
+    changes nothing, without it unless ``strict`` (then it raises: a worker that cannot isolate
+    itself must not run). ``shared_root``: the server runs in the machine's own mount namespace (plain
+    mode), whose mounts may propagate. Uses ctypes: this runs before the audit hook, in trusted code.
     """
     import ctypes
 
@@ -57,14 +63,23 @@ def private_workdir(workdir: str, work_base: str, uid: int, shared_root: bool) -
             err = ctypes.get_errno()
             raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
-    if libc.unshare(_CLONE_NEWNS) != 0:
-        return False
+    if libc.unshare(_CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWNET | _CLONE_NEWUTS) != 0:
+        err = ctypes.get_errno()
+        if strict:
+            raise OSError(err, f"unshare: {os.strerror(err)}")
+        if libc.unshare(_CLONE_NEWNS) != 0:
+            return False
+    else:
+        name = b"grader"
+        libc.sethostname(name, len(name))
     if shared_root:  # no private namespace around the server: keep our mounts from propagating out
         mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     if os.path.ismount(work_base):
         mount(None, work_base, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     mount("grader-worker", workdir, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
           f"size={WORKDIR_BYTES},nr_inodes={WORKDIR_INODES},mode=0700,uid={uid},gid={uid}")
+    if os.getpid() == 1:  # the first process of a PID namespace of its own: a /proc of that namespace
+        mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     return True
 
 

@@ -23,14 +23,13 @@ import tempfile
 import time
 
 # Heavy imports happen in preload(), after the environment is settled.
-from grader.sandbox import integrity, trusted
+from grader.sandbox import integrity, syscalls, trusted
 
 # The sandbox's own modules are imported by worker.py before the server starts; grader_files()
 # exposes every grader module imported by then, preload() included, to the workers.
 PRELOAD = (
     "torch", "torch.utils.checkpoint", "torch._dynamo", "numpy", "coursekit", "coursekit.checks",
-    "coursekit.measure", "coursekit.memory", "coursekit.graded", "grader.sandbox.codec",
-    "IPython.core.inputtransformer2", "matplotlib", "matplotlib.pyplot", "tqdm", "tqdm.auto",
+    "coursekit.measure", "coursekit.memory", "coursekit.graded", "grader.sandbox.codec", "matplotlib", "matplotlib.pyplot", "tqdm", "tqdm.auto",
 )
 UID_BASE = 1_000_000_000  # worker uid = UID_BASE + its pid: unique while it lives
 WORK_BYTES = 512 * 1024**2  # tmpfs holding the workers' directories (chroot mode)
@@ -154,7 +153,7 @@ class Server:
     """
 
     def __init__(self, control: socket.socket, repo: str, mode: str, child, stage: str = "",
-                 probe_package: str = "", modules: frozenset[str] = frozenset()):
+                 probe_package: str = "", modules: frozenset[str] = frozenset(), audit: bool = True):
         self.control = control
         self.child = child
         self.repo = repo
@@ -170,12 +169,24 @@ class Server:
         self.pid = os.getpid()
         # Real root (not the mapped root of a user namespace) gives each worker a uid of its own.
         self.own_uid = mode != "userns" and os.geteuid() == 0
+        # chroot mode is the isolated one: every kernel wall must stand, or no worker runs.
+        self.isolated = mode == "chroot"
+        self.audit = audit  # the audit hook; only tests of the kernel's walls switch it off
+        self.syscall_filter = None  # syscalls.build(), made in start()
+        self.pid_ns_fd = -1  # this server's own PID namespace, to return to after forking into a new one
 
     def start(self) -> dict:
         started = time.monotonic()
         _become_subreaper()
         preload()
         self.probes = trusted.probe_table(self.probe_package) if self.probe_package else {}
+        try:
+            self.syscall_filter = syscalls.build()
+        except syscalls.Unavailable:
+            if self.isolated:
+                raise
+        if os.geteuid() == 0:
+            self.pid_ns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY)
         self.files = grader_files(self.repo)
         self.snapshot = integrity.snapshot()
         # Everything imported so far lives as long as the server: keep it out of the collector's
@@ -198,7 +209,8 @@ class Server:
         with open("/proc/self/status") as f:
             vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
         return {"mode": self.mode, "work_base": self.work_base, "pid": os.getpid(),
-                "own_uid": self.own_uid, "vm_bytes": vm_kib * 1024,
+                "own_uid": self.own_uid, "vm_bytes": vm_kib * 1024, "isolated": self.isolated,
+                "seccomp": self.syscall_filter is not None, "audit": self.audit,
                 "preload_s": time.monotonic() - started}
 
     def serve(self) -> None:
@@ -220,7 +232,12 @@ class Server:
         req_fd, rep_fd = fds
         if len(os.listdir(f"/proc/{self.pid}/task")) != 1:  # native threads count too
             raise RuntimeError("the fork server has started a thread; forking it is unsafe")
-        pid = os.fork()
+        new_pid_ns = self._enter_new_pid_namespace()
+        try:
+            pid = os.fork()
+        finally:
+            if new_pid_ns:
+                _libc().setns(self.pid_ns_fd, _CLONE_NEWPID)  # later forks: a namespace of their own again
         if pid == 0:
             status = 1
             try:
@@ -234,6 +251,17 @@ class Server:
         workdir = os.path.join(self.work_base, f"w{pid}")
         self.children[pid] = workdir
         return pid, uid, workdir
+
+    def _enter_new_pid_namespace(self) -> bool:
+        """Make the next fork the first process of a new PID namespace (as root): it sees no other
+        process, and when it dies the kernel kills everything left in that namespace."""
+        if self.pid_ns_fd < 0:
+            return False
+        if _libc().unshare(_CLONE_NEWPID) == 0:
+            return True
+        if self.isolated:
+            raise OSError("could not create a PID namespace for the worker")
+        return False
 
     def reap(self, pid: int):
         """Kill (if needed) and wait for a child, remove its directory; return its wait status."""
@@ -276,9 +304,16 @@ class Server:
             shutil.rmtree(self.work_base, ignore_errors=True)
 
 
-def _become_subreaper() -> None:
-    """Processes a worker starts and abandons are re-parented to the server, which kills them."""
+_CLONE_NEWPID = 0x20000000
+
+
+def _libc():
     import ctypes
 
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _become_subreaper() -> None:
+    """Processes a worker starts and abandons are re-parented to the server, which kills them."""
     pr_set_child_subreaper = 36
-    ctypes.CDLL(None).prctl(pr_set_child_subreaper, 1, 0, 0, 0)
+    _libc().prctl(pr_set_child_subreaper, 1, 0, 0, 0)

@@ -31,7 +31,9 @@ class WorkerLink(Protocol):
 
     def memory(self, reset_peak: bool = False): ...
 
-    def setup_held(self) -> int | None: ...
+    cells_held: int | None  # what the exercise cells hold once run (None: not read)
+
+    def baseline_held(self) -> int | None: ...
 
 
 class Handle:
@@ -112,13 +114,18 @@ class RemoteNamespace:
         """
         return self._worker.memory(reset_peak)
 
-    def setup_held(self) -> int | None:
-        """Bytes a worker holds after running only the release's setup cells (None: not known).
+    def exercise_cells_held(self) -> int | None:
+        """Bytes the student's exercise cells hold once run: read from outside the process after the
+        release's setup cells ran and again after the exercise cells (None: not read)."""
+        return self._worker.cells_held
 
-        Measured once per chapter in a worker of its own; against a reading taken before any call
-        into the student's code, it says what the exercise cells themselves hold once run.
+    def baseline_held(self) -> int | None:
+        """Bytes the course's own exercise cells hold once run after the same setup cells (None: not known).
+
+        Measured once per chapter in a worker of its own; beside :meth:`exercise_cells_held`, it says what
+        the student's exercise cells hold beyond what the course's own do.
         """
-        return self._worker.setup_held()
+        return self._worker.baseline_held()
 
     def apply(self, fn, *args, **kwargs):
         """Run the trusted probe ``fn`` in the student's process; return its result as plain data.

@@ -72,6 +72,13 @@ def read(pid: int | str = "self", workdir: str = "") -> Memory:
                   files=_files_bytes(root))
 
 
+def cpu_seconds(pid: int | str = "self") -> float:
+    """CPU time ``pid`` has used, all its threads together (user + system)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def reset_peak(pid: int | str = "self") -> None:
     """Restart the resident high-water mark from the current resident set (Linux >= 4.0)."""
     with open(f"/proc/{pid}/clear_refs", "w") as f:

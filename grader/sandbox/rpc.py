@@ -6,7 +6,8 @@ Requests (judge → worker) are pickled tuples; the judge is trusted, and object
 as arguments (tensors, an ``nn.Module`` it built) travel inside them. A :class:`Handle` inside
 an argument travels as the persistent id ``("handle", id)``::
 
-    ("program", cells, files)        write the submission's files, run the cells in order
+    ("program", cells, primes)       prime the worker (trusted probes), then run the cells in order
+    ("cells", cells)                 run more cells after them
     ("global", name)                 a name the program defined          → handle
     ("getattr", id, name)            an attribute                        → handle
     ("getitem", id, key)             an item                             → handle
@@ -125,6 +126,10 @@ class Deadline(Exception):
     """The worker did not answer before the problem's wall-clock deadline."""
 
 
+class CpuLimit(Exception):
+    """The worker used up the CPU time the problem allows."""
+
+
 class Closed(Exception):
     """The worker closed its end (it exited or was killed)."""
 
@@ -133,17 +138,15 @@ class TooLarge(Exception):
     """The worker announced a reply larger than :data:`MAX_REPLY`."""
 
 
-def read_exact_until(fd: int, n: int, deadline: float) -> bytes:
-    """Read exactly ``n`` bytes before ``deadline`` (``time.monotonic()``), judge side."""
+def read_exact_until(fd: int, n: int, wait) -> bytes:
+    """Read exactly ``n`` bytes, judge side. ``wait()`` says how long the next poll may block, or
+    raises (:class:`Deadline`, :class:`CpuLimit`) once the worker's time is up."""
     chunks, left = [], n
     poller = select.poll()
     poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     while left:
-        timeout = deadline - time.monotonic()
-        if timeout <= 0:
-            raise Deadline()
-        if not poller.poll(timeout * 1000):
-            raise Deadline()
+        if not poller.poll(wait() * 1000):
+            continue  # the next wait() decides whether time is up
         chunk = os.read(fd, min(left, 1 << 20))
         if not chunk:
             raise Closed()
@@ -152,11 +155,11 @@ def read_exact_until(fd: int, n: int, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
-def read_reply_frame(fd: int, deadline: float) -> bytes:
-    size = int.from_bytes(read_exact_until(fd, HEADER_BYTES, deadline), "big")
+def read_reply_frame(fd: int, wait) -> bytes:
+    size = int.from_bytes(read_exact_until(fd, HEADER_BYTES, wait), "big")
     if size > MAX_REPLY:
         raise TooLarge(size)
-    return read_exact_until(fd, size, deadline)
+    return read_exact_until(fd, size, wait)
 
 
 def describe_exception(exc: BaseException) -> dict:
@@ -240,23 +243,45 @@ class _Pickler(pickle.Pickler):
 class Connection:
     """The judge's end of one worker's pipes: requests out, validated replies in.
 
-    Subclasses say why the worker went away (:meth:`death_reason`) and how long it may take
-    (``deadline``, ``time.monotonic()`` seconds; ``wall_seconds`` for messages). ``probes`` names
-    the package of trusted probes the worker's fork server loaded (``trusted.py``).
+    Subclasses say why the worker went away (:meth:`death_reason`) and how much CPU time it has
+    used (:meth:`cpu_used`, read from outside it). Time limits: ``deadline`` (``time.monotonic()``
+    seconds) is a wall-clock backstop ``wall_seconds`` after the start, against code that waits
+    instead of computing; ``cpu_seconds`` bounds the worker's CPU time, which a busy machine or a
+    hostile neighbour cannot use up for it. ``probes`` names the package of trusted probes the
+    worker's fork server loaded (``trusted.py``).
     """
 
     def __init__(self, req_fd: int, rep_fd: int, deadline: float, wall_seconds: float,
-                 probes: str | None = None):
+                 probes: str | None = None, cpu_seconds: float | None = None):
         self.req_fd, self.rep_fd = req_fd, rep_fd
         self.probes = probes
-        self.deadline, self.wall_seconds = deadline, wall_seconds
+        self.deadline, self.wall_seconds, self.cpu_seconds = deadline, wall_seconds, cpu_seconds
         self.violations: list[str] = []
         self.memory_hit = False
         self.cell_errors: list[dict] = []
         self.notices = 0
         self.pending_release: list[int] = []
         self.closed = False
-        self.setup_held = lambda: None  # bytes a worker holds after the setup cells alone (judge.py)
+        self.cells_held: int | None = None  # what the exercise cells hold once run (run_program with setup=)
+        self.baseline_held = lambda: None  # what the course's exercise cells hold once run (judge.py)
+
+    def cpu_used(self) -> float | None:
+        """CPU seconds the worker has used (all its threads), read from outside; None: unknown."""
+        return None
+
+    def _wait(self) -> float:
+        """Seconds the judge may block waiting for the worker now; raises once its time is up."""
+        wall_left = self.deadline - time.monotonic()
+        if wall_left <= 0:
+            raise Deadline()
+        used = self.cpu_used() if self.cpu_seconds is not None else None
+        if used is None:
+            return wall_left
+        cpu_left = self.cpu_seconds - used
+        if cpu_left <= 0:
+            raise CpuLimit()
+        # One core at most (the worker's CPU quota): no CPU time runs out sooner than this.
+        return min(wall_left, cpu_left + 0.05)
 
     # transport
     def request(self, message) -> dict:
@@ -269,6 +294,11 @@ class Connection:
 
     def death_reason(self) -> str:
         return "your code's process stopped unexpectedly"
+
+    def deadline_reason(self) -> str:
+        used = self.cpu_used() if self.cpu_seconds is not None else None
+        waited = f" (it had used {used:.1f} s of CPU time: it waited, slept or was blocked)" if used is not None else ""
+        return f"your code did not finish within the wall-clock time limit of {self.wall_seconds:g} s{waited}"
 
     def settle(self) -> None:
         """Have the worker drop every handle the judge let go of and collect its garbage."""
@@ -288,12 +318,14 @@ class Connection:
             with waiting_for_worker():
                 self._write(frame(buf.getvalue()))
                 while True:
-                    reply = self._parse(read_reply_frame(self.rep_fd, self.deadline))
+                    reply = self._parse(read_reply_frame(self.rep_fd, self._wait))
                     if reply is not None:
                         return reply
+        except CpuLimit:
+            raise Stop(f"your code used more CPU time than the time limit of {self.cpu_seconds:g} s "
+                       "allows") from None
         except (Deadline, TimeoutError):
-            raise Stop(f"your code did not finish within the time limit of "
-                       f"{self.wall_seconds:g} s") from None
+            raise Stop(self.deadline_reason()) from None
         except (Closed, BrokenPipeError):
             raise Stop(self.death_reason()) from None
         except (TooLarge, MalformedReply):
@@ -304,9 +336,8 @@ class Connection:
         poller = select.poll()
         poller.register(self.req_fd, select.POLLOUT | select.POLLERR | select.POLLHUP)
         while view:
-            timeout = self.deadline - time.monotonic()
-            if timeout <= 0 or not poller.poll(timeout * 1000):
-                raise Deadline()
+            if not poller.poll(self._wait() * 1000):
+                continue
             try:
                 n = os.write(self.req_fd, view[: 1 << 16])
             except BlockingIOError:
@@ -395,10 +426,22 @@ class Connection:
         if not self.closed:
             self.pending_release.append(hid)
 
-    def run_program(self, program: list[str], files: dict[str, bytes]) -> None:
-        # The submission's files go straight to the worker, never through the fork server,
-        # so no student's work ever sits in the memory that later workers are forked from.
-        reply = self.request(("program", list(program), files))
+    def run_program(self, program: list[str], primes: tuple[str, ...] = (), setup: int | None = None) -> None:
+        """Prime the worker (``worker.Session.prime``: grading's machinery and the trusted probes named in
+        ``primes``), then run the cells. With ``setup`` (the number of leading setup cells), the memory the
+        worker holds is read once they ran and again after the rest: :attr:`cells_held` is what the
+        exercise cells hold. The cells go straight to the worker, never through the fork server, so no
+        student's work ever sits in the memory that later workers are forked from."""
+        if setup is None:
+            self._run(("program", list(program), tuple(primes)))
+            return
+        self._run(("program", list(program[:setup]), tuple(primes)))
+        first = self.memory().held
+        self._run(("cells", list(program[setup:])))
+        self.cells_held = self.memory().held - first
+
+    def _run(self, message) -> None:
+        reply = self.request(message)
         if reply["t"] != "done":
             raise Stop("the submission's process sent a malformed reply")
         self.cell_errors = reply["errors"]

@@ -24,7 +24,7 @@ import signal
 import socket
 import sys
 
-from grader.sandbox import confine, integrity, policy, rpc
+from grader.sandbox import confine, integrity, policy, rpc, syscalls
 from grader.sandbox.forkserver import (  # noqa: F401 - the rest: importable from here too
     PRELOAD, UID_BASE, WORK_BYTES, WORK_INODES, Server, build_root, grader_files, preload,
     recv_msg, send_msg)
@@ -40,12 +40,15 @@ def _child(server: Server, spec: dict, req_fd: int, rep_fd: int) -> None:
     os.closerange(3, keep[0])
     os.closerange(keep[0] + 1, keep[1])
     os.closerange(keep[1] + 1, 65536)
-    pid = os.getpid()
+    # The pid the judge knows (in a PID namespace of its own, getpid() is 1): read before this
+    # process mounts a /proc of that namespace.
+    pid = int(os.readlink("/proc/self"))
     uid = UID_BASE + pid if server.own_uid else os.getuid()
     workdir = os.path.join(server.work_base, f"w{pid}")
     os.mkdir(workdir, 0o700)
     if os.geteuid() == 0:  # root, or root mapped in the server's user namespace
-        confine.private_workdir(workdir, server.work_base, uid, shared_root=server.mode == "plain")
+        confine.own_namespaces(workdir, server.work_base, uid, shared_root=server.mode == "plain",
+                               strict=server.isolated)
     out = os.open(os.path.join(workdir, ".output"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
@@ -66,17 +69,23 @@ def _child(server: Server, spec: dict, req_fd: int, rep_fd: int) -> None:
     if server.own_uid:
         confine.drop_privileges(uid)
     confine.harden()
-    if os.getppid() != server.pid:  # the server died before the death signal was armed
-        return
+    if os.getppid() not in (server.pid, 0):  # the server died before the death signal was armed
+        return  # (0: the parent is outside this process's own PID namespace)
     os.chdir(workdir)
     import torch
 
     torch.set_num_threads(1)
-    policy.disarm()
+    if server.audit:
+        policy.disarm()
     report = _reporter(rep_fd)
     rules = policy.rules_for(workdir, server.repo, server.files, server.modules)
     session = Session(req_fd, rep_fd, report, server.snapshot, server.probes)
-    policy.install_audit_hook(rules, report)
+    # The last step before student code: from here on the kernel refuses new processes, IPC,
+    # sockets and the rest of syscalls.DENIED, whatever the process runs.
+    if server.syscall_filter is not None:
+        syscalls.load(server.syscall_filter)
+    if server.audit:
+        policy.install_audit_hook(rules, report)
     session.serve()
 
 
@@ -144,8 +153,6 @@ class Session:
     def __init__(self, req_fd: int, rep_fd: int, report, snapshot: dict, probes: dict):
         import types
 
-        from IPython.core.inputtransformer2 import TransformerManager
-
         from coursekit.graded import InertShell  # the one coursekit.graded runs cells with, too
         from grader.sandbox import codec
 
@@ -156,11 +163,11 @@ class Session:
         self.next_id = 1
         self.module = types.ModuleType("__main__")
         self.namespace = namespace = self.module.__dict__
-        transformer = TransformerManager
-
         def run_source(source: str, index: int = -1) -> None:
-            code = transformer().transform_cell(source)
-            exec(compile(code, f"<cell {index}>", "exec"), namespace)
+            # Plain Python only, never through IPython's transformers: the cells the judge's source
+            # policy read are exactly the code that runs (it refuses magics, shell escapes and help
+            # syntax, which are not Python).
+            exec(compile(source, f"<cell {index}>", "exec"), namespace)
 
         # Student code can reach get_ipython and display: they hold nothing of the session.
         self._run_source = run_source
@@ -171,6 +178,7 @@ class Session:
         self.cell_errors: list[dict] = []
         self.memory_noticed = False
         self.ran = False
+        self.cells_run = 0
 
     # -- transport
     def send(self, obj: dict) -> None:
@@ -216,6 +224,10 @@ class Session:
         op = request[0]
         if op == "program":
             return self.run_program(request[1], request[2])
+        if op == "cells":
+            if not self.ran:
+                raise _Failure("request", "no program ran yet")
+            return self.run_cells(request[1])
         if op == "global":
             name = request[1]
             if name not in self.namespace:
@@ -278,22 +290,20 @@ class Session:
             raise _StudentRaised(e) from None
 
     # -- the program
-    def run_program(self, cells, files: dict) -> dict:
-        """Copy the submission's files in, then run the cells like a notebook would."""
+    def run_program(self, cells, primes=()) -> dict:
+        """Run the cells like a notebook would: each in turn, an error recorded and the next run.
+
+        First, before any student code, prime the worker with grading's own machinery and the trusted
+        probes named in ``primes`` (:meth:`prime`)."""
         if self.ran:
             raise _Failure("request", "the program already ran")
         self.ran = True
-        for rel, data in files.items():
-            parts = [p for p in str(rel).split("/") if p not in ("", ".")]
-            if not parts or ".." in parts:
-                continue
-            try:
-                os.makedirs(os.path.join(".", *parts[:-1]), mode=0o700, exist_ok=True)
-                with open(os.path.join(".", *parts), "wb") as f:
-                    f.write(bytes(data))
-            except OSError:
-                continue  # an odd name or an oversized file: the student's code will notice
-        for index, source in enumerate(cells):
+        self.prime(primes)
+        return self.run_cells(cells)
+
+    def run_cells(self, cells) -> dict:
+        for source in cells:
+            index, self.cells_run = self.cells_run, self.cells_run + 1
             try:
                 self._run_source(source, index)
             except BaseException as e:  # noqa: BLE001 - like a notebook: record, continue
@@ -302,6 +312,35 @@ class Session:
                 self.cell_errors.append({"cell": index, "error": f"{described['types'][0]}: "
                                                                  f"{described['message']}"[:300]})
         return {"t": "done", "errors": self.cell_errors[:100]}
+
+    def prime(self, primes) -> None:
+        """Run what grading runs in every worker, once, before any student code: autograd with
+        saved-tensor hooks and the FLOP counter, the integrity check, the codec, the garbage collector;
+        then each trusted probe named in ``primes`` (a chapter's own machinery: ``ch10_prime`` runs
+        Triton's interpreter), with no argument.
+
+        A worker shares its memory with the fork server until it writes to a page; the first write copies
+        the page and charges it to the worker's cgroup. Grading's machinery writes to thousands of such
+        pages the first time it runs (reference counts, caches): about 9 MiB that would otherwise appear
+        between the judge's readings of what the student's code holds. Touched here, they are part of
+        every reading, the baselines included.
+        """
+        import torch
+
+        from coursekit.measure import measure
+
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        x = torch.randn(4, 8, requires_grad=True)
+        measure(lambda: model(x).square().sum(), model)
+        self.integrity()  # it reads every watched module and class: the largest share
+        self.codec.encode({"t": [x.detach(), model[0].weight.grad], "n": (1, 2.5, "s", None, True),
+                           "d": torch.float32, "s": torch.Size([2])})
+        for name in primes:
+            fn = self.probes.get(name)
+            if fn is None:
+                raise _Failure("request", f"{name!r} is not a probe")
+            fn()
+        gc.collect()
 
     def _notice_limits(self, exc: BaseException) -> None:
         if self.memory_noticed:
@@ -345,10 +384,13 @@ def main(argv=None) -> None:
     parser.add_argument("--probes", default="", help="the package of trusted probes (every module of it)")
     parser.add_argument("--modules", default="", help="comma-separated top-level modules a submission may "
                         "import beyond the base set (the chapters' declared imports)")
+    parser.add_argument("--no-audit-hook", action="store_true",
+                        help="workers run without the audit hook (tests of the kernel's walls alone)")
     args = parser.parse_args(argv)
     control = socket.socket(fileno=args.control)
     Server(control, os.path.realpath(args.repo), args.mode, child=_child, stage=args.stage,
-           probe_package=args.probes, modules=frozenset(filter(None, args.modules.split(",")))).serve()
+           probe_package=args.probes, modules=frozenset(filter(None, args.modules.split(","))),
+           audit=not args.no_audit_hook).serve()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Fill the disk with files in the worker's own directory."""
 THREAT = "resources"
-DEFENCE = ("RLIMIT_FSIZE caps each file; the workers' tmpfs has a fixed size and inode count; "
-           "the directory is removed when the problem ends.")
+DEFENCE = ("RLIMIT_FSIZE caps each file; the worker's own tmpfs has a fixed size and inode count "
+           "and is charged to its cgroup; it is unmounted with the worker's mount namespace.")
 MODES = ("chroot", "userns")  # plain mode has no private tmpfs: total disk use is unbounded there
 TRICK = '''\
 import os

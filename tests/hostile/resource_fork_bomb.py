@@ -1,8 +1,9 @@
 """Fork bomb, including a fork through _posixsubprocess, which raises no audit event."""
 THREAT = "resources"
 DEFENCE = ("os.fork/subprocess/posix_spawn are refused and reported by the audit hook; a fork "
-           "that slips past it meets RLIMIT_NPROC on the worker's own uid, and every process of "
-           "that uid is killed when the problem ends.")
+           "that slips past it (_posixsubprocess.fork_exec raises no audit event) meets the worker's "
+           "seccomp filter (fork, vfork, clone of a process and execve fail with EPERM); the worker's "
+           "PID namespace and cgroup die with it.")
 EXPECT = "tried to start a process"
 TRICK = '''\
 import os, sys

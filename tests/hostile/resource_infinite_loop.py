@@ -1,6 +1,7 @@
 """Never finish: an infinite loop in a cell, so the grader times out (or hangs)."""
 THREAT = "resources"
-DEFENCE = "The judge's poll deadline kills the worker's process group at the wall-clock limit."
+DEFENCE = ("The judge reads the worker's CPU time from its cgroup at every poll and kills it at the "
+           "CPU-time limit (a wall-clock backstop stops code that only waits).")
 EXPECT = "time limit"
 SLOW = True
 TRICK = '''\

@@ -1,8 +1,9 @@
 """Exhaust memory: one huge allocation, then unbounded growth inside the exercise function
 (400 MB a step, reserved without being written, so the limit is reached in milliseconds)."""
 THREAT = "resources"
-DEFENCE = ("RLIMIT_AS turns the allocations into MemoryError (or kills the worker); the worker "
-           "reports the limit and the problem fails with a memory-limit message.")
+DEFENCE = ("RLIMIT_AS turns the allocations into MemoryError, and the cgroup's memory limit "
+           "kills a worker whose charged memory exceeds it; either way the problem fails with a "
+           "memory-limit message.")
 EXPECT = "memory limit"
 TRICK = '''\
 try:

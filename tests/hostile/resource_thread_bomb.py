@@ -1,7 +1,7 @@
 """Start threads until the machine gives up, by threading and by torch's thread pools."""
 THREAT = "resources"
-DEFENCE = ("Python thread creation is disabled in the worker; torch's pools are capped by "
-           "RLIMIT_NPROC on the worker's uid; the whole uid is killed at the end.")
+DEFENCE = ("Python thread creation is disabled in the worker; torch's native pools meet the "
+           "cgroup's task cap and share its one core of CPU quota; everything dies with the worker.")
 TRICK = '''\
 import threading, time, torch
 for _ in range(1000):
