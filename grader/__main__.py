@@ -18,8 +18,11 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--out", type=Path, required=True, help="writes grades.csv, feedback/, gradebook.db")
     a.add_argument("--workers", type=int, default=1, help="submissions graded in parallel (default 1)")
     a.add_argument("--timeout", type=float, default=None,
-                   help="wall-clock seconds allowed per graded cell (default 60)")
+                   help="CPU seconds allowed per graded cell (default 60; the wall-clock backstop is 5 times that)")
     a.add_argument("--db", default=None, help="gradebook URL (default sqlite:///OUT/gradebook.db)")
+    a.add_argument("--unisolated", action="store_true",
+                   help="grade even where the sandbox cannot isolate submissions (not root, no cgroups or "
+                        "seccomp); every grade is then flagged for regrading")
 
     s = sub.add_parser("selfcheck", help="reference solutions score full marks, blank releases 0")
     s.add_argument("chapters", nargs="*", help="chapter ids (default: all)")
@@ -53,10 +56,15 @@ def main(argv: list[str] | None = None) -> int:
             from grader.autograde import autograde
 
             results = autograde(args.submissions, args.out, workers=args.workers, timeout=args.timeout,
-                                db_url=args.db)
+                                db_url=args.db, unisolated=args.unisolated)
             for r in results:
-                print(f"{r.student:<20} {r.chapter:<24} {r.score:g}/{r.max_score:g}" + (f"  ({r.note})" if r.note else ""))
-            print(f"wrote {args.out / 'grades.csv'} and {args.out / 'feedback'}/ for {len(results)} submission(s)")
+                flag = "  [UNISOLATED]" if r.unisolated else ""
+                print(f"{r.student:<20} {r.chapter:<24} {r.score:g}/{r.max_score:g}{flag}" + (f"  ({r.note})" if r.note else ""))
+            with (args.out / "not_graded.csv").open() as f:
+                skipped = sum(1 for _ in f) - 1
+            print(f"wrote {args.out / 'grades.csv'} and {args.out / 'feedback'}/ for {len(results)} submission(s)"
+                  + (f"; {skipped} entr{'y' if skipped == 1 else 'ies'} not graded (listed above and in "
+                     f"{args.out / 'not_graded.csv'})" if skipped else ""))
             return 0
         if args.command == "selfcheck":
             from grader.selfcheck import selfcheck

@@ -20,17 +20,20 @@ What runs where (see grader/sandbox/judge.py for the threat model):
     student's cell, so one mistake costs its own points once (the feedback says so).
   * An exercise's further test cells (memory, edge cases, errors...) count once its first
     cell passes (``grader.api.gates``); the release says so in each such cell.
-  * A submission that is missing, not notebook JSON, raises, hangs or blows a limit gets
-    zeros for what could not run and the reason in its feedback; every other result is still
-    written. grades.csv is rewritten atomically after each submission, keeping the rows of
-    submissions that this run did not grade.
+  * A submission that is missing, refused at intake (a link, a device, over a size cap, not
+    notebook JSON: ``grader.intake``), raises, hangs or blows a limit gets zeros for what could
+    not run and the reason in its feedback; every other result is still written. Every other
+    entry under SUBMISSIONS is listed with the reason it was not graded (the summary and
+    OUT/not_graded.csv). grades.csv is rewritten atomically after each submission, keeping the
+    rows of submissions that this run did not grade.
+  * Grading needs the isolated sandbox (root, cgroups, seccomp: ``grader/sandbox/judge.py``);
+    without it autograde refuses unless told ``unisolated=True`` (``--unisolated``), and then
+    flags every grade it writes (gradebook, feedback, summary).
 """
 from __future__ import annotations
 
 import csv
-import json
 import os
-import re
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -39,14 +42,15 @@ from pathlib import Path
 
 import nbformat
 
+from grader import intake
 from grader.api import checks_for, gates
-from grader.feedback import write_feedback
+from grader.feedback import UNISOLATED, write_feedback
 from grader.notebooks import COURSE, Layout, chapters, exercise_sources, layout, read_source
 from grader.sandbox.judge import Limits, Outcome, run_checks
+from grader.sandbox.limits import WALL_FACTOR
 from grader.source_policy import refusals
 
 CSV_COLUMNS = ["student_id", "chapter", "problem", "score", "max_score"]
-STUDENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,127}$")
 
 
 @dataclass
@@ -57,6 +61,7 @@ class Result:
     outcomes: dict[str, Outcome]
     sources: dict[str, str | None] = field(default_factory=dict)
     note: str = ""  # a reason that concerns the whole submission
+    unisolated: bool = False  # graded without the isolated sandbox: flagged wherever it is written
 
     def points(self, grade_id: str, max_points: float) -> float:
         return max_points if self.outcomes[grade_id].passed else 0.0
@@ -88,23 +93,6 @@ def release_layout(chapter: str, course_dir: Path = COURSE) -> Layout:
     return layout(nbformat.read(path, as_version=4), chapter)
 
 
-def find_submissions(root: Path, known: list[str]) -> tuple[list[tuple[str, str, Path]], list[str]]:
-    """(student, chapter, notebook path) for every submission; and warnings for skipped entries."""
-    found, warnings = [], []
-    if not root.is_dir():
-        raise FileNotFoundError(f"submissions directory {root} does not exist")
-    for sdir in sorted(p for p in root.iterdir() if p.is_dir()):
-        if not STUDENT_ID_RE.match(sdir.name):
-            warnings.append(f"skipped {sdir.name!r}: not a valid student id")
-            continue
-        for cdir in sorted(p for p in sdir.iterdir() if p.is_dir()):
-            if cdir.name not in known:
-                warnings.append(f"skipped {sdir.name}/{cdir.name}: unknown chapter")
-                continue
-            found.append((sdir.name, cdir.name, cdir / f"{cdir.name}.ipynb"))
-    return found, warnings
-
-
 def _failed(lay: Layout, reason: str) -> dict[str, Outcome]:
     return {gid: Outcome(gid, False, reason) for gid, _ in lay.tests}
 
@@ -112,21 +100,20 @@ def _failed(lay: Layout, reason: str) -> dict[str, Outcome]:
 def grade_one(student: str, chapter: str, path: Path, lay: Layout, limits: Limits) -> Result:
     """Grade one submission. Never raises: every failure becomes zeros with a reason."""
     try:
-        if not path.is_file():
+        try:
+            cells = intake.parse_notebook(intake.read_bytes(path))
+        except FileNotFoundError:
             return Result(student, chapter, lay, _failed(lay, f"no notebook found at {chapter}/{chapter}.ipynb"),
                           note="missing notebook")
-        try:
-            nb = nbformat.reads(path.read_text(encoding="utf-8", errors="replace"), as_version=4)
-        except (json.JSONDecodeError, nbformat.reader.NotJSONError, ValueError, TypeError, KeyError) as e:
-            reason = f"the submitted file is not a valid notebook (JSON): {str(e)[:200]}"
-            return Result(student, chapter, lay, _failed(lay, reason), note=reason)
-        sources = exercise_sources(nb, lay.exercises)
+        except intake.Refused as e:
+            return Result(student, chapter, lay, _failed(lay, str(e)), note=str(e))
+        sources = exercise_sources(cells, lay.exercises)
         # A cell that breaches the chapter's source policy is not run: its test cells score 0.
         refused = refusals(chapter, lay.setup, sources)
         missing = [ex for ex, src in sources.items() if src is None]
         zeros = {gid: Outcome(gid, False, reason) for ex, reason in refused.items()
                  for gid in lay.tests_of(ex)}
-        outcomes, stood_in = _grade_in_order(chapter, lay, sources, refused, zeros, limits, path.parent)
+        outcomes, stood_in = _grade_in_order(chapter, lay, sources, refused, zeros, limits)
         notes = [f"exercise cell(s) not found: {', '.join(missing)}"] if missing else []
         if stood_in:
             notes.append(f"the tests of later exercises ran with the course's own {', '.join(stood_in)} in place "
@@ -138,7 +125,7 @@ def grade_one(student: str, chapter: str, path: Path, lay: Layout, limits: Limit
 
 
 def _grade_in_order(chapter: str, lay: Layout, sources: dict[str, str | None], refused: dict[str, str],
-                    zeros: dict[str, Outcome], limits: Limits, submission_dir: Path) -> tuple[dict[str, Outcome], list[str]]:
+                    zeros: dict[str, Outcome], limits: Limits) -> tuple[dict[str, Outcome], list[str]]:
     """Run each exercise's checks, in the release's order, on its own merits.
 
     Later exercises call earlier ones (ch02's checkpoint_uniform calls checkpoint). An earlier
@@ -148,6 +135,8 @@ def _grade_in_order(chapter: str, lay: Layout, sources: dict[str, str | None], r
     Returns the outcomes and the exercises that were stood in for while a later one was graded.
     """
     references = _references(chapter, lay)
+    # What the course's own exercise cells hold once run: what the student's are compared with.
+    baseline = [references[e] for e in lay.exercises if e in references]
     needs = gates(chapter, lay)
     checks = checks_for(chapter)
     owned = {gid for ex in lay.exercises for gid in lay.tests_of(ex)}
@@ -182,8 +171,8 @@ def _grade_in_order(chapter: str, lay: Layout, sources: dict[str, str | None], r
                 else:
                     ready.append(g)
             if ready:
-                outcomes.update(run_checks(chapter, program, ready, limits, submission_dir=submission_dir,
-                                           setup=len(lay.setup), checks=checks))
+                outcomes.update(run_checks(chapter, program, ready, limits, setup=len(lay.setup),
+                                           baseline=baseline, checks=checks))
             pending = [g for g in pending if g not in outcomes]
         if ex is not None and not all(outcomes[gid].passed for gid in gids if gid in outcomes):
             failed.append(ex)
@@ -254,6 +243,11 @@ class GradebookWriter:
         for gid, points in result.layout.tests:
             grade = self.gb.find_grade(gid, result.chapter, result.chapter, result.student)
             grade.auto_score = result.points(gid, points)
+        notebook = self.gb.find_submission_notebook(result.chapter, result.chapter, result.student)
+        notebook.flagged = result.unisolated  # formgrader lists flagged submissions for review
+        comment = "; ".join(filter(None, [UNISOLATED if result.unisolated else "", result.note])) or None
+        for ex in result.layout.exercises:
+            self.gb.find_comment(ex, result.chapter, result.chapter, result.student).auto_comment = comment
         self.gb.db.commit()
 
     def close(self) -> None:
@@ -262,23 +256,40 @@ class GradebookWriter:
 
 def autograde(submissions: Path, out: Path, workers: int = 1, timeout: float | None = None,
               db_url: str | None = None, course_dir: Path = COURSE, progress: bool = True,
-              log=print) -> list[Result]:
+              log=print, unisolated: bool = False) -> list[Result]:
+    """Grade every submission under ``submissions`` into ``out``; see the module's docstring.
+
+    ``timeout``: CPU seconds per graded cell (the wall-clock backstop is ``WALL_FACTOR`` times more).
+    Raises RuntimeError, before anything is written, when the sandbox cannot start, or cannot isolate
+    workers and ``unisolated`` is false."""
     known = chapters()
-    todo, warnings = find_submissions(submissions, known)
-    for w in warnings:
-        log(f"warning: {w}")
+    found = intake.find_submissions(submissions, known)
+    todo = found.submissions
     out.mkdir(parents=True, exist_ok=True)
+    _write_not_graded(out / "not_graded.csv", found.not_graded)
+    for rel, why in found.not_graded:
+        log(f"not graded: {rel}: {why}")
     layouts = {ch: release_layout(ch, course_dir) for ch in sorted({c for _, c, _ in todo})}
-    limits = Limits() if timeout is None else Limits(wall_seconds=float(timeout))
+    limits = Limits() if timeout is None else Limits(cpu_seconds=float(timeout), wall_seconds=WALL_FACTOR * float(timeout))
+    flagged = False
     if todo:
         # Start the sandbox before any grade is written: a machine that cannot run it must
         # stop the batch with a reason, not give every student "internal error" zeros.
         from grader.sandbox.judge import _server
+        from grader.sandbox.supervisor import why_not_isolated
 
         try:
-            _server()
+            server = _server()
         except Exception as e:  # noqa: BLE001 - reported to the instructor as one clear error
             raise RuntimeError(f"the grading sandbox could not start: {e}") from e
+        if not server.isolated:
+            why = why_not_isolated(server)
+            if not unisolated:
+                raise RuntimeError(f"the grading sandbox cannot isolate submissions on this machine ({why}). Grade "
+                                   "as root on Linux with cgroups (v1 or v2) and libseccomp, or pass --unisolated to "
+                                   "grade anyway: every grade is then flagged for regrading")
+            log(f"warning: grading unisolated ({why}): every grade is flagged")
+            flagged = True
     csv_writer = CsvWriter(out / "grades.csv")
     gradebook = GradebookWriter(db_url or f"sqlite:///{(out / 'gradebook.db').resolve()}", layouts)
     results: list[Result] = []
@@ -293,6 +304,7 @@ def autograde(submissions: Path, out: Path, workers: int = 1, timeout: float | N
             futures = [pool.submit(grade_one, s, c, p, layouts[c], limits) for s, c, p in todo]
             for fut in as_completed(futures):
                 result = fut.result()
+                result.unisolated = flagged
                 with lock:
                     results.append(result)
                     csv_writer.add(result)
@@ -305,3 +317,13 @@ def autograde(submissions: Path, out: Path, workers: int = 1, timeout: float | N
             bar.close()
         gradebook.close()
     return sorted(results, key=lambda r: (r.student, r.chapter))
+
+
+def _write_not_graded(path: Path, entries: list[tuple[str, str]]) -> None:
+    """OUT/not_graded.csv: each entry under SUBMISSIONS that was not graded, and why (this run's)."""
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "reason"])
+        w.writerows(entries)
+    os.replace(tmp, path)

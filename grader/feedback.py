@@ -9,6 +9,9 @@ import html
 import os
 from pathlib import Path
 
+UNISOLATED = ("graded without the isolated sandbox (--unisolated): a submission could have changed its "
+              "own grade or another's; regrade on an isolated machine before these grades count")
+
 _CSS = """
 body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}
 table{border-collapse:collapse;width:100%}th,td{border:1px solid #ccc;padding:.4rem .6rem;text-align:left}
@@ -32,6 +35,8 @@ def render(result) -> str:
     code = [f"<h3><code>{e(ex)}</code></h3><pre>{e(src) if src is not None else '(cell not found)'}</pre>"
             for ex, src in result.sources.items()]
     note = f"<p class='reason'>{e(result.note)}</p>" if result.note else ""
+    if result.unisolated:
+        note = f"<p class='reason'><b>Provisional:</b> {e(UNISOLATED)}.</p>" + note
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{e(result.chapter)}: feedback for {e(result.student)}</title>
 <style>{_CSS}</style></head><body>

@@ -171,21 +171,35 @@ def gate_line(needs: tuple[str, ...]) -> str:
             "of an exercise that computes the right thing.")
 
 
-def exercise_sources(nb: nbformat.NotebookNode, exercises: tuple[str, ...]) -> dict[str, str | None]:
-    """Find each exercise's cell in a (possibly edited) student notebook.
+FALLBACK_CHARS = 256 * 1024  # cells longer than this are never searched for a definition
+FALLBACK_CELLS = 200  # nor more than this many, the last ones naming the exercise
+
+
+def code_cells(nb) -> list[dict]:
+    """A notebook's code cells as ``{"source": str, "grade_id": str | None}`` (what grading reads;
+    ``grader.intake.parse_notebook`` gives the same for a submitted file)."""
+    return [{"source": _text(c.get("source", "")), "grade_id": grade_id(c)}
+            for c in nb.get("cells", []) if c.get("cell_type") == "code"]
+
+
+def exercise_sources(nb, exercises: tuple[str, ...]) -> dict[str, str | None]:
+    """Find each exercise's cell in a (possibly edited) student notebook, or in its :func:`code_cells`.
 
     Cells are matched by nbgrader grade_id; if a student's edit lost the metadata, the last
-    code cell defining the exercise's name is used. Missing exercises map to None.
+    code cell defining the exercise's name is used, among the last :data:`FALLBACK_CELLS` cells of at
+    most :data:`FALLBACK_CHARS` characters that name it (a bound on what is parsed). Missing exercises
+    map to None.
     """
+    cells = nb if isinstance(nb, list) else code_cells(nb)
     found: dict[str, str | None] = {}
-    code = [c for c in nb.get("cells", []) if c.get("cell_type") == "code"]
     for ex in exercises:
-        by_id = [c for c in code if grade_id(c) == ex]
+        by_id = [c for c in cells if c["grade_id"] == ex]
         if by_id:
-            found[ex] = _text(by_id[-1].get("source", ""))
+            found[ex] = by_id[-1]["source"]
             continue
-        by_name = [c for c in code if defines(_text(c.get("source", "")), ex)]
-        found[ex] = _text(by_name[-1].get("source", "")) if by_name else None
+        named = [c["source"] for c in cells if len(c["source"]) <= FALLBACK_CHARS and ex in c["source"]]
+        by_name = [src for src in named[-FALLBACK_CELLS:] if defines(src, ex)]
+        found[ex] = by_name[-1] if by_name else None
     return found
 
 

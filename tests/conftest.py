@@ -1,4 +1,5 @@
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,11 @@ os.environ.setdefault("COURSE_FAST", "1")
 from grader.release import nbgrader_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# `python -m grader autograde` needs the isolated sandbox (root: cgroups, seccomp, namespaces) and
+# refuses without it; a developer's machine without root grades unisolated. CI runs as root and sets
+# REQUIRE_ISOLATION=1, so there the flag is never given.
+UNISOLATED = [] if os.geteuid() == 0 or os.environ.get("REQUIRE_ISOLATION") else ["--unisolated"]
+AUTOGRADE = [sys.executable, "-m", "grader", "autograde", *UNISOLATED]
 # nbgrader runs `alembic` from PATH, and notebook tests start kernels: both live next to python.
 nbgrader_env()
 

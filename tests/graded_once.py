@@ -15,11 +15,10 @@ import fcntl
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, AUTOGRADE
 from grader.notebooks import chapters
 import second_submissions
 from submissions import blank, reference, write
@@ -56,7 +55,7 @@ def batch() -> Path:
                 write(sub, "reference", ch, reference(ch))
                 write(sub, "blank", ch, blank(ch))
                 write(sub, "second", ch, second_submissions.notebook(ch))
-            proc = subprocess.run([sys.executable, "-m", "grader", "autograde", str(sub), "--out", str(out),
+            proc = subprocess.run([*AUTOGRADE, str(sub), "--out", str(out),
                                    "--workers", "2", "--timeout", "180"], cwd=ROOT, capture_output=True,
                                   text=True, timeout=3000)
             (root / "log.txt").write_text(proc.stdout + proc.stderr)

@@ -1,11 +1,11 @@
 """The grading contract end to end: `python -m grader autograde SUBMISSIONS --out OUT`."""
 import csv
 import subprocess
-import sys
 
+import nbformat
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, AUTOGRADE
 from grader.autograde import release_layout
 from grader.notebooks import chapters
 import graded_once
@@ -17,10 +17,11 @@ from wrong_submissions import WRONG
 pytestmark = pytest.mark.xdist_group("autograde")
 CHAPTERS = chapters()
 HANG = "def predict_training_memory(model, batch_size, optimizer):\n    while True:\n        pass\n"
+VICTIM = "def predict_training_memory(model, batch_size, optimizer):\n    return {'VICTIM-OWN-WORK': 1}\n"
 
 
 def autograde(sub, out, *extra):
-    return subprocess.run([sys.executable, "-m", "grader", "autograde", str(sub), "--out", str(out), *extra],
+    return subprocess.run([*AUTOGRADE, str(sub), "--out", str(out), *extra],
                           cwd=ROOT, capture_output=True, text=True, timeout=1500)
 
 
@@ -51,13 +52,23 @@ def batch(tmp_path_factory):
     write(sub, "broken", "ch00_memory", "{ this is not a notebook")
     (sub / "missing" / "ch00_memory").mkdir(parents=True)
     write(sub, "hangs", "ch00_memory", with_exercise("ch00_memory", "predict_training_memory", HANG))
+    # Intake: a link to another student's notebook or to a hidden test, an oversized notebook, a folder
+    # name with a '+', and entries that are no submission at all.
+    victim = write(sub, "victim+1", "ch00_memory", with_exercise("ch00_memory", "predict_training_memory", VICTIM))
+    for thief, target in (("thief", victim), ("peeker", ROOT / "grader" / "hidden" / "ch00_memory.py")):
+        (sub / thief / "ch00_memory").mkdir(parents=True)
+        (sub / thief / "ch00_memory" / "ch00_memory.ipynb").symlink_to(target)
+    many = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1") for _ in range(20_000)])
+    write(sub, "many-cells", "ch00_memory", many)
+    (sub / "not a student").mkdir()
+    (sub / "victim+1" / "ch42_nothing").mkdir()
     proc = autograde(sub, out, "--workers", "2", "--timeout", "60")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return sub, out, read_grades(out)
+    return sub, out, read_grades(out), proc.stdout
 
 
 def test_one_row_per_graded_cell(batch):
-    _, _, rows = batch
+    _, _, rows, _ = batch
     keys = [(r["student_id"], r["chapter"], r["problem"]) for r in rows]
     assert len(keys) == len(set(keys))
     assert {r["student_id"] for r in rows} >= {"broken", "missing", "hangs"}
@@ -83,7 +94,7 @@ def test_second_correct_answers_get_full_marks(chapter):
 
 @pytest.mark.parametrize("chapter,exercise", sorted(WRONG))
 def test_wrong_submission_loses_points(batch, chapter, exercise):
-    _, out, rows = batch
+    _, out, rows, _ = batch
     got, mx = totals(rows)[(f"wrong-{exercise}", chapter)]
     assert got < mx, f"a wrong {exercise} scored full marks"
     assert "failed" in (out / "feedback" / f"wrong-{exercise}" / f"{chapter}.html").read_text()
@@ -92,7 +103,7 @@ def test_wrong_submission_loses_points(batch, chapter, exercise):
 @pytest.mark.parametrize("chapter,exercise", sorted(WRONG))
 def test_a_wrong_exercise_costs_only_its_own_points(batch, chapter, exercise):
     """Later exercises that call a failed one are graded with the course's reference of it."""
-    _, out, rows = batch
+    _, out, rows, _ = batch
     lay = release_layout(chapter)
     own = set(lay.tests_of(exercise))
     lost = {r["problem"] for r in rows if r["student_id"] == f"wrong-{exercise}" and r["chapter"] == chapter
@@ -108,7 +119,7 @@ def test_a_wrong_exercise_costs_only_its_own_points(batch, chapter, exercise):
 @pytest.mark.parametrize("chapter,exercise,name", sorted(DEGENERATE))
 def test_degenerate_code_collects_no_points(batch, chapter, exercise, name):
     """Code that computes nothing useful earns nothing: an exercise's further cells wait on its first."""
-    _, out, rows = batch
+    _, out, rows, _ = batch
     cells = release_layout(chapter).tests_of(exercise)
     earned = {r["problem"]: float(r["score"]) for r in rows
               if r["student_id"] == f"degenerate-{name}" and r["problem"] in cells and float(r["score"]) > 0}
@@ -120,7 +131,7 @@ def test_degenerate_code_collects_no_points(batch, chapter, exercise, name):
 
 
 def test_broken_missing_and_hanging_submissions_get_zeros_with_reasons(batch):
-    _, out, rows = batch
+    _, out, rows, _ = batch
     t = totals(rows)
     for student in ("broken", "missing", "hangs"):
         assert t[(student, "ch00_memory")][0] == 0
@@ -129,8 +140,33 @@ def test_broken_missing_and_hanging_submissions_get_zeros_with_reasons(batch):
     assert "time limit" in (out / "feedback" / "hangs" / "ch00_memory.html").read_text()
 
 
+def test_links_and_oversized_notebooks_are_refused_at_intake(batch):
+    _, out, rows, stdout = batch
+    t = totals(rows)
+    for student, why in (("thief", "symbolic link"), ("peeker", "symbolic link"), ("many-cells", "20,000 cells")):
+        assert t[(student, "ch00_memory")][0] == 0
+        page = (out / "feedback" / student / "ch00_memory.html").read_text()
+        assert why in page, page[:2000]
+        assert "VICTIM-OWN-WORK" not in page
+    hidden_first = (ROOT / "grader" / "hidden" / "ch00_memory.py").read_text().splitlines()[0]
+    assert hidden_first not in (out / "feedback" / "peeker" / "ch00_memory.html").read_text()
+    # The victim is graded on their own (wrong) work, as ever; a '+' in a student id is fine.
+    assert ("victim+1", "ch00_memory") in t
+    assert "VICTIM-OWN-WORK" in (out / "feedback" / "victim+1" / "ch00_memory.html").read_text()
+
+
+def test_what_is_not_graded_is_listed_with_its_reason(batch):
+    _, out, _, stdout = batch
+    with (out / "not_graded.csv").open(newline="") as f:
+        listed = {row["path"]: row["reason"] for row in csv.DictReader(f)}
+    assert set(listed) == {"not a student", "victim+1/ch42_nothing"}
+    assert "not a valid student id" in listed["not a student"] and "unknown chapter" in listed["victim+1/ch42_nothing"]
+    assert "not graded: not a student: not a valid student id" in stdout
+    assert "2 entries not graded" in stdout
+
+
 def test_feedback_never_shows_hidden_tests(batch):
-    _, out, _ = batch
+    _, out, _, _ = batch
     for ch in CHAPTERS:
         hidden = (ROOT / "grader" / "hidden" / f"{ch}.py").read_text()
         secret = [ln.strip() for ln in hidden.splitlines() if len(ln.strip()) > 25 and not ln.strip().startswith(("#", '"""'))]
@@ -143,7 +179,7 @@ def test_feedback_never_shows_hidden_tests(batch):
 def test_gradebook_holds_the_scores(batch):
     from nbgrader.api import Gradebook
 
-    _, out, rows = batch
+    _, out, rows, _ = batch
     with Gradebook(f"sqlite:///{out / 'gradebook.db'}") as gb:
         for r in rows:
             grade = gb.find_grade(r["problem"], r["chapter"], r["chapter"], r["student_id"])
@@ -152,7 +188,7 @@ def test_gradebook_holds_the_scores(batch):
 
 
 def test_regrading_one_student_keeps_the_others(batch, tmp_path):
-    _, out, rows = batch
+    _, out, rows, _ = batch
     sub = tmp_path / "late"
     wrong = next(ex for ch, ex in WRONG if ch == "ch00_memory")
     write(sub, "late", "ch00_memory", with_exercise("ch00_memory", wrong, WRONG["ch00_memory", wrong]))
@@ -166,7 +202,7 @@ def test_regrading_one_student_keeps_the_others(batch, tmp_path):
 def test_bad_arguments_are_reported(tmp_path):
     proc = autograde(tmp_path / "nope", tmp_path / "out")
     assert proc.returncode == 2 and "does not exist" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "grader", "autograde", str(tmp_path), "--out", str(tmp_path),
+    proc = subprocess.run([*AUTOGRADE, str(tmp_path), "--out", str(tmp_path),
                            "--workers", "0"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode != 0 and "--workers" in proc.stderr
 

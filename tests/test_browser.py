@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -28,7 +27,7 @@ import pytest
 import requests
 
 import graded_once
-from conftest import ROOT
+from conftest import ROOT, AUTOGRADE
 from grader import demo
 from grader.notebooks import chapters, grade_id, is_demo, read_source
 from submissions import with_exercise, write
@@ -387,7 +386,7 @@ def test_feedback_page_shows_scores_and_reasons(browser, tmp_path):
     sub, out = tmp_path / "submitted", tmp_path / "out"
     wrong = next(ex for ch, ex in WRONG if ch == STUDENT_CHAPTER)
     write(sub, "wrong", STUDENT_CHAPTER, with_exercise(STUDENT_CHAPTER, wrong, WRONG[STUDENT_CHAPTER, wrong]))
-    proc = subprocess.run([sys.executable, "-m", "grader", "autograde", str(sub), "--out", str(out)],
+    proc = subprocess.run([*AUTOGRADE, str(sub), "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     layout_points = sum(float(c.metadata["nbgrader"]["points"]) for c in read_source(STUDENT_CHAPTER).cells

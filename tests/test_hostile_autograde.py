@@ -11,12 +11,11 @@ import csv
 import runpy
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, AUTOGRADE
 from submissions import reference, with_exercise, write
 from wrong_submissions import WRONG
 
@@ -49,7 +48,7 @@ def batch(tmp_path_factory):
         source = wrong + "\n\n" + trick
         write(sub, name.replace("_", "-"), CHAPTER, with_exercise(CHAPTER, "predict_training_memory", source))
     before = {p: p.read_bytes() for p in (honest, course_copy)}
-    proc = subprocess.run([sys.executable, "-m", "grader", "autograde", str(sub), "--out", str(out),
+    proc = subprocess.run([*AUTOGRADE, str(sub), "--out", str(out),
                            "--workers", "2", "--timeout", "20"], cwd=ROOT, capture_output=True, text=True,
                           timeout=1200)
     try:

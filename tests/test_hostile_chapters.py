@@ -14,12 +14,11 @@ import html
 import re
 import runpy
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, AUTOGRADE
 from grader.autograde import release_layout
 from grader.notebooks import chapters
 from submissions import blank, reference, with_exercise, write
@@ -83,7 +82,7 @@ def batch(tmp_path_factory):
         nb = with_exercise(case["CHAPTER"], case["EXERCISE"], case["SOURCE"], base=base)
         write(sub, student(name), case["CHAPTER"], nb)
     # --timeout: chapter 10's interpreted Triton test alone takes over 60 s on a busy 2-core machine
-    proc = subprocess.run([sys.executable, "-m", "grader", "autograde", str(sub), "--out", str(out),
+    proc = subprocess.run([*AUTOGRADE, str(sub), "--out", str(out),
                            "--workers", "2", "--timeout", "180"], cwd=ROOT, capture_output=True, text=True,
                           timeout=3000)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from coursekit.checks import check_close, same_close, same_values
-from conftest import ROOT
+from conftest import ROOT, UNISOLATED
 from grader.sandbox.codec import MAX_ITEMS, decode, encode
 from grader.sandbox.rpc import Connection, MalformedReply
 
@@ -77,7 +77,7 @@ FLOODS = {
 JUDGE_PEAK = '''
 import resource, sys
 from grader.__main__ import main
-code = main(["autograde", sys.argv[1], "--out", sys.argv[2], "--workers", "1"])
+code = main(["autograde", sys.argv[1], "--out", sys.argv[2], "--workers", "1", *sys.argv[3:]])
 print("maxrss_kib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 sys.exit(code)
 '''
@@ -94,7 +94,7 @@ def test_the_judge_memory_stays_bounded_under_hostile_replies(tmp_path):
     write(sub, "honest", "ch00_memory", reference("ch00_memory"))
     for student, source in FLOODS.items():
         write(sub, student, "ch00_memory", with_exercise("ch00_memory", "predict_training_memory", source))
-    proc = subprocess.run([sys.executable, "-c", JUDGE_PEAK, str(sub), str(tmp_path / "out")], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-c", JUDGE_PEAK, str(sub), str(tmp_path / "out"), *UNISOLATED], cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     peak_mib = int(proc.stdout.split("maxrss_kib")[-1]) / 1024
