@@ -165,6 +165,12 @@ class LocalNamespace:
             meter.reset_peak()
         return meter.read()
 
+    def cpu_time(self) -> float:
+        """CPU seconds this process has used, all its threads (see ``RemoteNamespace.cpu_time``)."""
+        import time
+
+        return time.process_time()
+
 
 def run_hidden(chapter: str, grade_id: str, namespace: dict) -> None:
     """Run one hidden test in-kernel (used by the hidden-test region of solution notebooks)."""

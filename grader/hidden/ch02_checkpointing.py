@@ -277,13 +277,9 @@ def check_checkpoint_memory(nb):
 
 def _check_held_memory(nb, meter: Meter, width: int = 768, depth: int = 6, batch: int = 512) -> None:
     """What the process holds between forward and backward, read from outside it: the input only."""
-    def build():
-        linear, relu = nb.put(nn.Linear), nb.put(nn.ReLU)
-        return nb.put(nn.Sequential)(*[layer for _ in range(depth) for layer in (linear(width, width), relu())])
-
-    mlp = meter.judge(build)
+    mlp = meter.put(nn.Sequential(*[layer for _ in range(depth) for layer in (nn.Linear(width, width), nn.ReLU())]))
     nb.checkpoint(mlp, fresh_tensor(nb, (2, width))).sum()  # first call (no backward: no gradients yet)
-    held, loss = meter.held_by(lambda: nb.checkpoint(mlp, fresh_tensor(nb, (batch, width))).sum())
+    held, loss = meter.held_by(lambda x: nb.checkpoint(mlp, x).sum(), inputs=lambda: [meter.tensor((batch, width))])
     x_bytes = batch * width * 4
     if held.kept > 2 * x_bytes:  # the input, and less than one more activation
         raise AssertionError(

@@ -242,13 +242,13 @@ def _wide_model(width: int) -> nn.Sequential:
 def _check_peak(nb, meter: Meter) -> None:
     """One call on a batch whose activations are 64 MiB (one micro-batch's: 1 MiB), read from outside."""
     n, m = WIDE_BATCH, WIDE_MICRO
-    model = meter.judge(lambda: nb.put(_wide_model(WIDE)))
-    x = meter.judge(lambda: fresh_tensor(nb, (n, WIDE_IN), requires_grad=False))
-    y = meter.judge(lambda: fresh_tensor(nb, (n, 1), requires_grad=False))
+    model = meter.put(_wide_model(WIDE))
     # Warm-up on every code path: the first call loads code pages.
     nb.accumulate_gradients(nb.put(_wide_model(64)), nn.MSELoss(), fresh_tensor(nb, (40, WIDE_IN), requires_grad=False),
                             fresh_tensor(nb, (40, 1), requires_grad=False), 8)
-    held, _ = meter.held_by(lambda: nb.accumulate_gradients(model, nn.MSELoss(), x, y, m))
+    held, _ = meter.held_by(lambda x, y: nb.accumulate_gradients(model, nn.MSELoss(), x, y, m),
+                            inputs=lambda: [meter.tensor((n, WIDE_IN), requires_grad=False),
+                                            meter.tensor((n, 1), requires_grad=False)])
     full, micro = n * WIDE * 4, m * WIDE * 4  # the ReLU outputs kept for backward
     limit = full // 4
     if held.peak > limit:

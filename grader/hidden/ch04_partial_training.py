@@ -477,10 +477,8 @@ def _check_relu_memory(nb, meter: Meter, n: int = 1 << 24) -> None:
     """What the process holds between forward and backward, read from outside it."""
     nb.relu_1bit(fresh_tensor(nb, (9,))).sum().backward()  # first call: lazily loaded code and caches
 
-    def forward():
-        return nb.relu_1bit(fresh_tensor(nb, (n,))).sum()  # input and output dropped, the graph kept
-
-    held, loss = meter.held_by(forward)
+    # input and output dropped, the graph kept
+    held, loss = meter.held_by(lambda x: nb.relu_1bit(x).sum(), inputs=lambda: [meter.tensor((n,))])
     limit = math.ceil(n / 8) + MiB
     if held.kept > limit:
         raise AssertionError(

@@ -229,8 +229,8 @@ def _lite_held(meter: Meter, lite, shape, requires_grad: bool = True, allowed_gr
     """Bytes a lite residual keeps between forward and backward, read from outside the process."""
     nb = meter.nb
     lite(fresh_tensor(nb, (2,) + tuple(shape[1:]), requires_grad=requires_grad)).sum().backward()  # warm up
-    held, _ = meter.held_by(lambda: lite(fresh_tensor(nb, shape, requires_grad=requires_grad)).sum(),
-                            allowed_growth)
+    held, _ = meter.held_by(lambda x: lite(x).sum(), inputs=lambda: [meter.tensor(shape, requires_grad=requires_grad)],
+                            allowed_growth=allowed_growth)
     return held.kept
 
 
@@ -252,8 +252,8 @@ def _check_main_branch_held(nb, meter: Meter, batch: int = 1024) -> None:
     model(fresh_tensor(nb, (2, 1, 8, 8), requires_grad=False)).sum().backward()  # warm up
     # The models of the earlier cases, the student's lite residuals with their gradients and allocator caches
     # come to about 10 MiB by now.
-    whole, _ = meter.held_by(lambda: model(fresh_tensor(nb, (batch, 1, 8, 8), requires_grad=False)).sum(),
-                             GROWTH + 17 * MiB)
+    whole, _ = meter.held_by(lambda x: model(x).sum(), inputs=lambda: [meter.tensor((batch, 1, 8, 8), requires_grad=False)],
+                             allowed_growth=GROWTH + 17 * MiB)
     lite = 0
     for i, ((cin, h, _), (cout, h_out, _)) in enumerate(BLOCK_SHAPES):
         groups = 2 if cin % 2 == 0 and cout % 2 == 0 else 1

@@ -546,7 +546,8 @@ def _check_held_memory(nb, meter: Meter, out_features: int = 2048, in_features: 
     warm = nb.QLoRALinear(linear(64, 8, bias=False), 2, 4.0, block)
     warm(fresh_tensor(nb, (2, 64))).sum().backward()  # first call: lazily loaded code and caches
     del warm
-    held, layer = meter.held_by(lambda: nb.QLoRALinear(linear(in_features, out_features, bias=False), 4, 8.0, block))
+    held, layer = meter.held_by(lambda base: nb.QLoRALinear(base, 4, 8.0, block),
+                                inputs=lambda: [meter.put(nn.Linear(in_features, out_features, bias=False))])
     budget = (n + 1) // 2 + 4 * -(-n // block) + MiB
     where = f"QLoRALinear(Linear({in_features}, {out_features}, bias=False), 4, 8.0, block_size={block})"
     if held.kept > budget:
@@ -554,8 +555,8 @@ def _check_held_memory(nb, meter: Meter, out_features: int = 2048, in_features: 
             f"{where}: with the base layer released, your process still held {mib(held.kept)} more than before "
             f"(read from outside your process); the packed codes and absmax need {mib(budget - MiB)}, the float "
             f"weight is {mib(4 * n)}. {COPY_HINT}")
-    after, _ = meter.held_by(lambda: layer(fresh_tensor(nb, (3, in_features))).sum().backward(),
-                             budget + 3 * MiB)  # the layer itself is held by now
+    after, _ = meter.held_by(lambda x: layer(x).sum().backward(), inputs=lambda: [meter.tensor((3, in_features))],
+                             allowed_growth=budget + 3 * MiB)  # the layer itself is held by now
     if held.kept + after.kept > budget:
         raise AssertionError(
             f"{where}: after one forward and backward pass your process held {mib(held.kept + after.kept)} for "

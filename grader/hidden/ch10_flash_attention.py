@@ -45,7 +45,7 @@ import torch
 from coursekit.checks import check_close, same_close
 from grader import probes
 from grader.api import fetch, hidden_test
-from grader.resources import Meter, fresh_tensor, mib
+from grader.resources import Meter, mib
 from grader.source_policy import Shortcut, SourcePolicy
 
 # Tiles by hand: no fused attention (any spelling), no NumPy (invisible to the operator trace), not the
@@ -299,9 +299,8 @@ def _check_peak(nb, meter: Meter, fn_name: str, n: int, make_args, warm, probe=p
     a gate against a plausible mistake; the N² bound is the one read from outside). ``warm()`` first: a smaller call, its values checked, that
     runs every code path once (the first call loads code pages)."""
     fn = nb[fn_name]
-    args = meter.judge(make_args)
     warm()
-    held, traced = meter.held_by(lambda: nb.apply(probe, fn, *args))
+    held, traced = meter.held_by(lambda *args: nb.apply(probe, fn, *args), inputs=make_args)
     where = f"{fn_name} on (B, H, N, d) = (1, 1, {n}, {d})"
     if after is not None:
         after(traced, f"for {where}")
@@ -381,7 +380,7 @@ def check_forward_memory(nb):
     _forward_gate(nb)
     n, d = 4096, 64
     _check_peak(nb, meter, "flash_attention_forward", n,
-                lambda: [*(fresh_tensor(nb, (1, 1, n, d), requires_grad=False) for _ in range(3)), False, 128, 128], band=128,
+                lambda: [*(meter.tensor((1, 1, n, d), requires_grad=False) for _ in range(3)), False, 128, 128], band=128,
                 warm=lambda: _trace(nb, "flash_attention_forward", *_qkv(1, 1, 256, d, seed=22), False, 128, 128))
 
 
@@ -467,9 +466,9 @@ def check_backward_memory(nb):
     n, d = 4096, 64
 
     def make_args():  # q, k, v, o, lse, do: values are irrelevant here, only the memory is read
-        big = [fresh_tensor(nb, (1, 1, n, d), requires_grad=False) for _ in range(4)]
-        return [*big, fresh_tensor(nb, (1, 1, n), requires_grad=False),
-                fresh_tensor(nb, (1, 1, n, d), requires_grad=False), False, 128, 128]
+        big = [meter.tensor((1, 1, n, d), requires_grad=False) for _ in range(4)]
+        return [*big, meter.tensor((1, 1, n), requires_grad=False),
+                meter.tensor((1, 1, n, d), requires_grad=False), False, 128, 128]
 
     q, k, v = _qkv(1, 1, 256, d, seed=28)
     o, lse = (t.float() for t in _reference(q, k, v, False))
@@ -563,7 +562,7 @@ def check_function_memory(nb):
                                  f"{want}. {SAVE_HINT}")
     # What the graph holds once forward returned, read from outside the process, on a long sequence.
     n, d = 4096, 64
-    q, k, v = meter.judge(lambda: [fresh_tensor(nb, (1, 1, n, d)) for _ in range(3)])
+    q, k, v = (meter.tensor((1, 1, n, d)).tensor for _ in range(3))  # held across the call: booked
     held, _o = meter.held_by(lambda: nb.FlashAttention.apply(q, k, v, False, 64, 64))
     square, outputs = n * n * 4, 4 * (n * d + n)
     if held.kept >= outputs + square // 4:
@@ -618,7 +617,7 @@ def check_triton_memory(nb):
     meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
     n, d = 1024, 16  # causal: half the tiles in the interpreter
     _check_peak(nb, meter, "flash_attention_triton", n,
-                lambda: [*(fresh_tensor(nb, (1, 1, n, d), requires_grad=False) for _ in range(3)), True],
+                lambda: [*(meter.tensor((1, 1, n, d), requires_grad=False) for _ in range(3)), True],
                 warm=lambda: _triton_case(nb, (1, 1, 256, d), True, 34, compare=False),
                 probe=probes.ch10_triton_run, d=d, after=_check_kernel_computes)
 

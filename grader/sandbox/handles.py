@@ -31,6 +31,10 @@ class WorkerLink(Protocol):
 
     def memory(self, reset_peak: bool = False): ...
 
+    def settle(self) -> None: ...
+
+    def cpu_used(self) -> float | None: ...
+
     cells_held: int | None  # what the exercise cells hold once run (None: not read)
 
     def baseline_held(self) -> int | None: ...
@@ -113,6 +117,12 @@ class RemoteNamespace:
         ``reset_peak=True`` restarts the high-water mark that later readings report as ``peak``.
         """
         return self._worker.memory(reset_peak)
+
+    def cpu_time(self) -> float | None:
+        """CPU seconds the student's process has used so far, all its threads together, read by the judge
+        from outside it (its cgroup; None: unknown). Handles the judge let go of are dropped first."""
+        self._worker.settle()
+        return self._worker.cpu_used()
 
     def exercise_cells_held(self) -> int | None:
         """Bytes the student's exercise cells hold once run: read from outside the process after the
