@@ -4,7 +4,7 @@ Several tests need the sandboxed grade of the references (the autograde contract
 verdict, each chapter's sandbox test, the feedback page in the browser): grading them costs
 minutes on 2 cores, so the first test that asks runs one ``python -m grader autograde`` batch
 (students ``reference``, ``blank`` and ``second``, the second correct answers of
-``second_submissions``, every chapter) and the others, in any pytest-xdist
+``second_submissions`` in notebooks carrying 8 MiB of outputs, every chapter) and the others, in any pytest-xdist
 worker, wait for it and read its output. The batch lives in ``build/test-runs/<run id>/``; the
 run id is pytest-xdist's, shared by every worker of one run.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from conftest import ROOT, AUTOGRADE
 from grader.notebooks import chapters
 import second_submissions
-from submissions import blank, reference, write
+from submissions import blank, reference, with_outputs, write
 
 RUNS = ROOT / "build" / "test-runs"
 STUDENTS = ("reference", "blank", "second")
@@ -54,7 +54,8 @@ def batch() -> Path:
             for ch in chapters():
                 write(sub, "reference", ch, reference(ch))
                 write(sub, "blank", ch, blank(ch))
-                write(sub, "second", ch, second_submissions.notebook(ch))
+                # Handed in as run, with 8 MiB of plots: outputs never count against the exercises.
+                write(sub, "second", ch, with_outputs(second_submissions.notebook(ch)))
             proc = subprocess.run([*AUTOGRADE, str(sub), "--out", str(out),
                                    "--workers", "2", "--timeout", "180"], cwd=ROOT, capture_output=True,
                                   text=True, timeout=3000)

@@ -92,6 +92,14 @@ def test_second_correct_answers_get_full_marks(chapter):
                               f"{graded_once.feedback('second', chapter)})"
 
 
+def test_notebooks_handed_in_with_their_outputs_are_graded_on_their_exercises_alone():
+    """The second answers are handed in as run, with 8 MiB of plots and printed tables each; they score
+    full marks (test_second_correct_answers_get_full_marks): outputs never reach the worker."""
+    for ch in CHAPTERS:
+        path = graded_once.batch().parent / "submitted" / "second" / ch / f"{ch}.ipynb"
+        assert path.stat().st_size >= 8 * 1024**2, (ch, path.stat().st_size)
+
+
 @pytest.mark.parametrize("chapter,exercise", sorted(WRONG))
 def test_wrong_submission_loses_points(batch, chapter, exercise):
     _, out, rows, _ = batch

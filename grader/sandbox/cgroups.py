@@ -200,10 +200,13 @@ class Group:
 class Hierarchy:
     """The judge's own group, under which each worker gets one (:meth:`new_group`)."""
 
-    def __init__(self):
-        if os.geteuid() != 0:
+    def __init__(self, mounts: dict[str, str] | None = None, own: dict[str, str] | None = None):
+        """``mounts`` (controller -> mount point, "unified" for v2) and ``own`` (controller -> this process's
+        group, "" for v2) default to this process's; tests pass a tree of their own."""
+        if mounts is None and os.geteuid() != 0:
             raise Unavailable("cgroups need root")
-        mounts, own = _mounts(), _own_paths()
+        mounts = _mounts() if mounts is None else mounts
+        own = _own_paths() if own is None else own
         self.version = 1 if all(c in mounts for c in _V1_CONTROLLERS) else 2
         name = f"grader-{os.getpid()}-{next(_COUNTER)}"
         if self.version == 1:
