@@ -50,8 +50,13 @@ COURSE_PACKAGES = ("coursekit", "kernels")
 
 def defines(source: str, name: str) -> bool:
     """Whether ``source`` defines ``name`` at top level (function, class or assignment)."""
+    return name in top_level_names(source)
+
+
+def top_level_names(source: str) -> frozenset:
+    """The names ``source`` defines at top level (functions, classes, assignments); parsed once."""
     defs, assigned = _top_level(source) if len(source) <= _CACHED_CHARS else _scan(source)
-    return name in defs or name in assigned
+    return defs | assigned
 
 
 _CACHED_CHARS = 64 * 1024  # longer sources are parsed each time, never kept in the cache

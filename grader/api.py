@@ -151,6 +151,10 @@ class LocalNamespace:
         """Not known in-kernel (see ``RemoteNamespace.exercise_cells_held``)."""
         return None
 
+    def setup_cells_held(self):
+        """Not known in-kernel (see ``RemoteNamespace.setup_cells_held``)."""
+        return None
+
     def memory(self, reset_peak: bool = False):
         """What this process holds now (see ``RemoteNamespace.memory``)."""
         import gc

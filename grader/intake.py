@@ -60,7 +60,7 @@ def find_submissions(root: Path, known: list[str]) -> Found:
             skipped.append((name, "a symbolic link, not a student's folder"))
         elif not sdir.is_dir(follow_symlinks=False):
             skipped.append((name, "not a folder (expected SUBMISSIONS/<student_id>/<chapter_id>/<chapter_id>.ipynb)"))
-        elif not STUDENT_ID_RE.match(name):
+        elif not STUDENT_ID_RE.fullmatch(name):
             skipped.append((_printable(name), "not a valid student id (letters, digits and . _ @ + -, starting "
                                               "with a letter or digit, at most 128 characters)"))
         else:

@@ -147,6 +147,13 @@ def python_source(source: str) -> str:
     return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines())
 
 
+def top_level_names(source: str) -> frozenset:
+    """The names ``source`` defines at top level (the rule of :func:`defines`), parsed once."""
+    from coursekit.graded import top_level_names as _names  # imports torch: only when needed
+
+    return _names(source)
+
+
 def defines(source: str, name: str) -> bool:
     """Whether ``source`` defines ``name`` at top level (function, class or assignment).
 
@@ -172,7 +179,8 @@ def gate_line(needs: tuple[str, ...]) -> str:
 
 
 FALLBACK_CHARS = 256 * 1024  # cells longer than this are never searched for a definition
-FALLBACK_CELLS = 200  # nor more than this many, the last ones naming the exercise
+FALLBACK_BUDGET = 1024**2  # characters parsed in all, per notebook, while searching
+FALLBACK_CELLS = 200  # cells parsed at most, per notebook
 
 
 def code_cells(nb) -> list[dict]:
@@ -186,20 +194,36 @@ def exercise_sources(nb, exercises: tuple[str, ...]) -> dict[str, str | None]:
     """Find each exercise's cell in a (possibly edited) student notebook, or in its :func:`code_cells`.
 
     Cells are matched by nbgrader grade_id; if a student's edit lost the metadata, the last
-    code cell defining the exercise's name is used, among the last :data:`FALLBACK_CELLS` cells of at
-    most :data:`FALLBACK_CHARS` characters that name it (a bound on what is parsed). Missing exercises
+    code cell defining the exercise's name is used. That search is bounded whatever the notebook holds:
+    only cells of at most :data:`FALLBACK_CHARS` characters with a line that starts defining a missing
+    exercise (``def NAME``, ``class NAME``, ``NAME =``) are parsed, each once, the last ones first, at most
+    :data:`FALLBACK_CELLS` of them and :data:`FALLBACK_BUDGET` characters in all. Missing exercises
     map to None.
     """
     cells = nb if isinstance(nb, list) else code_cells(nb)
     found: dict[str, str | None] = {}
     for ex in exercises:
         by_id = [c for c in cells if c["grade_id"] == ex]
-        if by_id:
-            found[ex] = by_id[-1]["source"]
-            continue
-        named = [c["source"] for c in cells if len(c["source"]) <= FALLBACK_CHARS and ex in c["source"]]
-        by_name = [src for src in named[-FALLBACK_CELLS:] if defines(src, ex)]
-        found[ex] = by_name[-1] if by_name else None
+        found[ex] = by_id[-1]["source"] if by_id else None
+    missing = [ex for ex in exercises if found[ex] is None]
+    if missing:
+        starts = re.compile(r"^(?:(?:async\s+)?def|class)\s+(" + "|".join(map(re.escape, missing))
+                            + r")\b|^(" + "|".join(map(re.escape, missing)) + r")\s*[:=]", re.MULTILINE)
+        budget, parsed = FALLBACK_BUDGET, 0
+        for cell in reversed(cells):
+            source = cell["source"]
+            if not missing or parsed >= FALLBACK_CELLS or len(source) > min(FALLBACK_CHARS, budget):
+                if not missing or parsed >= FALLBACK_CELLS or budget <= 0:
+                    break
+                continue
+            named = {m.group(1) or m.group(2) for m in starts.finditer(source)} & set(missing)
+            if not named:
+                continue
+            budget, parsed = budget - len(source), parsed + 1
+            defined = top_level_names(source)
+            for ex in [ex for ex in missing if ex in named and ex in defined]:
+                found[ex] = source
+                missing.remove(ex)
     return found
 
 

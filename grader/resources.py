@@ -19,9 +19,10 @@ keeps them:
    finalizers run) before each reading; inputs are made before the reading that opens the window.
 4. **Ballast bounded.** Memory held before the measured call and freed during it would hide what the
    call keeps. The exercise cells may hold at most :data:`FOOTPRINT` more than the course's own once
-   run; between the check's start and the measured call the student's code may keep at most
-   ``allowed_growth`` (:data:`GROWTH`), the judge's booked inputs aside; the call may not end
-   holding :data:`DROP` less than it started with. So a call can hide at most
+   run; at the measured call, the process may hold at most ``allowed_growth`` (:data:`GROWTH`) beyond
+   that, the judge's booked inputs aside, counted from the reading taken once the setup cells ran
+   (before any student code: a finalizer run by a later garbage collection cannot pad the floor); the
+   call may not end holding :data:`DROP` less than it started with. So a call can hide at most
    ``FOOTPRINT + allowed_growth`` of what it keeps: every bound a check tests must sit that far below
    what a wrong implementation keeps.
 5. **Values on the same call.** A check compares what the measured call computed with the judge's own
@@ -152,6 +153,11 @@ class Meter:
                 f"{mib(mine - course)} more than the course's own exercise cells (read from outside your "
                 "process): exercise cells define functions and classes; allocate memory inside them, when they "
                 "are called")
+        # What the process may hold before a measured call, the judge's inputs aside: bounded against the reading
+        # taken once the setup cells ran (before any student code) plus what the course's own exercise cells
+        # hold, not against this first reading, which a finalizer of the student's could already have padded.
+        setup = nb.setup_cells_held()
+        self.floor = setup + course + FOOTPRINT if setup is not None and course is not None else self.base.held
         self.booked = 0  # bytes of the judge's inputs alive in the process now, at their known size
         # In-kernel (an instructor's own notebook, the tests of hidden tests) judge and student share one
         # trusted process: only the measured call's own growth is read there.
@@ -193,12 +199,13 @@ class Meter:
         args = [m.tensor if isinstance(m, Made) else m for m in made]
         leaves = tuple(m.leaf for m in made if isinstance(m, Made) and m.leaf is not None)
         before = self.nb.memory(reset_peak=True)
-        grown = before.held - self.base.held - self.booked
+        grown = before.held - self.floor - self.booked
         if self.strict and grown > allowed_growth:
             raise AssertionError(
                 f"before the measured call your code already held {mib(grown)} more than "
-                "at the start of this check (read from outside your process): memory kept from earlier calls "
-                "(caches, buffers) is counted against the call that is measured; keep nothing between calls")
+                "its exercise cells may hold plus what it may keep in this check (read from outside your process): "
+                "memory kept from earlier calls (caches, buffers) is counted against the call that is measured; "
+                "keep nothing between calls")
         keep = call(*args)
         del made, args
         self.booked -= input_bytes  # dropped: gone from the process unless the student's code kept them

@@ -126,6 +126,7 @@ BUILTINS_REFUSED = {
     "globals": "it exposes the namespace by run-time name", "locals": "it exposes frames",
     "vars": "it exposes namespaces by run-time name", "open": "exercises read and write no files",
     "breakpoint": "it starts a debugger", "input": "exercises read no input", "help": "it starts a pager",
+    "get_ipython": "it reaches the notebook's shell, whose magics run code from strings",
 }
 ATTRIBUTE_BUILTINS = ("getattr", "hasattr", "setattr", "delattr")
 MAX_SOURCE_CHARS = 256 * 1024  # an exercise cell is one function or class: larger cells are refused unread

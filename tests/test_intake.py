@@ -84,6 +84,7 @@ def test_every_entry_is_graded_or_listed_with_its_reason(tmp_path):
     write(sub, "a+b@uni.edu", CHAPTER, reference(CHAPTER))
     write(sub, "plain", CHAPTER, reference(CHAPTER))
     (sub / "bad id!" / CHAPTER).mkdir(parents=True)
+    (sub / "plain\n" / CHAPTER).mkdir(parents=True)  # not a second "plain"
     (sub / ".hidden").mkdir()
     (sub / "README.txt").write_text("notes")
     (sub / "alias").symlink_to(sub / "plain")
@@ -93,7 +94,7 @@ def test_every_entry_is_graded_or_listed_with_its_reason(tmp_path):
     found = intake.find_submissions(sub, [CHAPTER])
     assert [(s, c) for s, c, _ in found.submissions] == [("a+b@uni.edu", CHAPTER), ("plain", CHAPTER)]
     reasons = dict(found.not_graded)
-    assert set(reasons) == {".hidden", "README.txt", "alias", "bad id!", "plain/ch77_unknown", "plain/link",
+    assert set(reasons) == {".hidden", "README.txt", "alias", "bad id!", "plain?", "plain/ch77_unknown", "plain/link",
                             "plain/notes.txt"}
     assert "not a valid student id" in reasons["bad id!"] and "symbolic link" in reasons["alias"]
     assert "unknown chapter" in reasons["plain/ch77_unknown"] and "symbolic link" in reasons["plain/link"]
@@ -126,3 +127,20 @@ def test_autograde_refuses_without_isolation_and_flags_unisolated_grades(tmp_pat
         assert gb.find_submission_notebook(CHAPTER, CHAPTER, "s1").flagged
         comment = gb.find_comment("predict_training_memory", CHAPTER, CHAPTER, "s1").auto_comment
         assert "without the isolated sandbox" in comment and "not a valid notebook" in comment
+
+
+def test_the_search_for_cells_without_grade_ids_is_bounded(monkeypatch):
+    """Cells that lost their grade_id are searched by name, but a notebook of 200 slow-to-parse cells that each
+    start defining every exercise (deeply nested parentheses, no commas) gets a bounded number of parses."""
+    from grader import notebooks
+
+    parsed = []
+    real = notebooks.top_level_names
+    monkeypatch.setattr(notebooks, "top_level_names", lambda source: parsed.append(len(source)) or real(source))
+    exercises = ("checkpoint", "checkpoint_uniform", "checkpoint_blocks", "plan_checkpoints")
+    slow = "".join(f"def {ex}(x):\n    pass\n" for ex in exercises) + "x = " + "(" * 60_000 + ")" * 60_000 + "\n"
+    cells = [{"source": slow, "grade_id": None} for _ in range(200)]
+    cells.append({"source": "def checkpoint(f, *a):\n    return f(*a)\n", "grade_id": None})
+    found = exercise_sources(cells, exercises)
+    assert found["checkpoint"].startswith("def checkpoint(f, *a)")  # the last cell defining it
+    assert sum(parsed) <= notebooks.FALLBACK_BUDGET + len(slow)

@@ -17,6 +17,7 @@ from coursekit.checks import check_close
 from grader import probes
 from grader.api import LocalNamespace, checks_for, fetch
 from grader.sandbox import judge, policy
+from grader.sandbox.rpc import MissingName
 from grader.sandbox.worker import UID_BASE
 
 LIMITS = judge.Limits(wall_seconds=20.0, memory_bytes=3 * 1024**3, output_bytes=64 * 1024)
@@ -202,11 +203,15 @@ def test_cells_run_as_plain_python_and_get_ipython_is_inert():
     nothing."""
     program = ("get_ipython().set_custom_exc((Exception,), print)\n"
                "get_ipython().events.register('post_run_cell', print)\na = 1",
-               "%time b = a + 1", "!ls /", "c = a + 2")
+               "%time b = a + 1", "!ls /", "c = a + 2",
+               "get_ipython().run_line_magic('time', 'd = 1')\nget_ipython().run_cell_magic('capture', '', 'e = 1')")
 
     def check(nb):
         assert fetch(nb.a) == 1 and fetch(nb.c) == 3
         assert [e["error"].split(":")[0] for e in nb._worker.cell_errors] == ["SyntaxError", "SyntaxError"]
+        for name in ("d", "e"):  # a magic's body is a string no policy read: the worker's shell runs none
+            with pytest.raises(MissingName):
+                nb[name]
         nb.b
 
     outcome = run(check, *program)

@@ -309,6 +309,12 @@ def test_ipython_syntax_is_refused_with_its_line(source, what):
     assert found[0].describe().startswith(f"line {line} is "), found[0].describe()
 
 
+def test_the_notebook_shell_is_refused():
+    """get_ipython().run_line_magic("time", "...") would run a string the policy never read."""
+    found = check_source('def f():\n    return 1\nget_ipython().run_line_magic("time", "import os")\n', DEFAULT_POLICY)
+    assert [b.construct for b in found] == ["get_ipython()"], found
+
+
 def test_a_cell_that_does_not_parse_is_refused():
     found = check_source("def f(:\n    return 1\n", DEFAULT_POLICY)
     assert [b.describe() for b in found] == [

@@ -36,6 +36,7 @@ class WorkerLink(Protocol):
     def cpu_used(self) -> float | None: ...
 
     cells_held: int | None  # what the exercise cells hold once run (None: not read)
+    setup_held: int | None  # what the worker held once the setup cells ran (None: not read)
 
     def baseline_held(self) -> int | None: ...
 
@@ -123,6 +124,11 @@ class RemoteNamespace:
         from outside it (its cgroup; None: unknown). Handles the judge let go of are dropped first."""
         self._worker.settle()
         return self._worker.cpu_used()
+
+    def setup_cells_held(self) -> int | None:
+        """Bytes the student's process held once the release's setup cells had run, before any student code:
+        the floor every later reading of the check is bounded against (None: not read)."""
+        return self._worker.setup_held
 
     def exercise_cells_held(self) -> int | None:
         """Bytes the student's exercise cells hold once run: read from outside the process after the

@@ -263,6 +263,7 @@ class Connection:
         self.pending_release: list[int] = []
         self.closed = False
         self.cells_held: int | None = None  # what the exercise cells hold once run (run_program with setup=)
+        self.setup_held: int | None = None  # what the worker held once the setup cells ran (run_program with setup=)
         self.baseline_held = lambda: None  # what the course's exercise cells hold once run (judge.py)
 
     def cpu_used(self) -> float | None:
@@ -436,9 +437,9 @@ class Connection:
             self._run(("program", list(program), tuple(primes)))
             return
         self._run(("program", list(program[:setup]), tuple(primes)))
-        first = self.memory().held
+        self.setup_held = self.memory().held
         self._run(("cells", list(program[setup:])))
-        self.cells_held = self.memory().held - first
+        self.cells_held = self.memory().held - self.setup_held
 
     def _run(self, message) -> None:
         reply = self.request(message)

@@ -169,9 +169,10 @@ class Session:
             # syntax, which are not Python).
             exec(compile(source, f"<cell {index}>", "exec"), namespace)
 
-        # Student code can reach get_ipython and display: they hold nothing of the session.
+        # Student code can reach get_ipython and display: they hold nothing of the session, and the shell's
+        # magics run nothing (a magic's body is a string the source policy never read).
         self._run_source = run_source
-        shell = InertShell(run_source)
+        shell = InertShell(lambda body: None)
         namespace["get_ipython"] = lambda: shell
         namespace["display"] = _display
         sys.modules["__main__"] = self.module
