@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from coursekit.measure import measure
+from grader.probes import in_process
 
 
 def type_names(obj) -> list[str]:
@@ -59,6 +60,7 @@ def forward_backward(module: Callable, x: torch.Tensor, grad_out: torch.Tensor) 
     return {"y": y.detach().clone(), "dx": None if x.grad is None else x.grad.clone(), "grads": grads}
 
 
+@in_process(explains=("*",))
 def measure_forward_backward(module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor) -> dict:
     """Saved bytes and FLOPs of one forward + backward of ``module`` on ``x``."""
     m = measure(lambda: module(x), module, grad=grad_out)

@@ -7,9 +7,14 @@ fetched, as plain data.
 """
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 from grader.sandbox import trusted
+
+# Set to 1 (tests only) to replace what probes measure inside the student's process with claims that fail
+# the cell the moment a check consults them: graded that way, a correct answer must keep full marks.
+POISON_ENV = "GRADER_POISON_IN_PROCESS"
 
 _COMPARE_HINT = "compare fetched values, not handles: use grader.api.fetch(...) first"
 
@@ -153,4 +158,63 @@ class RemoteNamespace:
         if name is None:
             raise ValueError(f"nb.apply only runs functions of {package or 'the probe package'}, not {fn!r}")
         reply = self._worker.request(("apply", name, args, kwargs))
-        return self._worker.value(reply, blame=f"probes.{name}")
+        result = self._worker.value(reply, blame=f"probes.{name}")
+        explains = getattr(fn, "in_process_explains", ())
+        if explains and os.environ.get(POISON_ENV) == "1":
+            return Fetched(poisoned(_plain(result), explains, f"probes.{name}"))
+        return result
+
+
+class InProcessClaimUsed(AssertionError):
+    """A hidden check consulted, on its way to a verdict, a value a probe measured inside the student's process."""
+
+
+class InProcessClaim:
+    """Stands for a value measured inside the student's process (``POISON_ENV``): every use but ``repr`` raises
+    :class:`InProcessClaimUsed`, so a check that lets such a value decide a point fails where it does."""
+
+    __slots__ = ("_what",)
+
+    def __init__(self, what: str):
+        self._what = what
+
+    def _used(self, *_args, **_kwargs):
+        raise InProcessClaimUsed(f"this check consulted {self._what}, measured inside the student's process: "
+                                 "such a value may only explain a verdict an outside reading reached")
+
+    __bool__ = __len__ = __iter__ = __getitem__ = __contains__ = __format__ = __str__ = _used
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = _used
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _used
+    __floordiv__ = __rfloordiv__ = __mod__ = __neg__ = __abs__ = __int__ = __float__ = __index__ = _used
+
+    def __repr__(self) -> str:
+        return f"<in-process claim: {self._what}>"
+
+
+class Fetched:
+    """Data already fetched, standing where a handle was: ``fetch`` returns it, items give their parts."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value):
+        self._value = value
+
+    def _fetch_remote(self):
+        return self._value
+
+    def __getitem__(self, key) -> "Fetched":
+        return Fetched(self._value[key])
+
+
+def _plain(value):
+    fetcher = getattr(type(value), "_fetch_remote", None)
+    return fetcher(value) if fetcher is not None else value
+
+
+def poisoned(data, explains: tuple[str, ...], probe: str):
+    """``data`` with the keys a probe marked as explaining (``"*"``: the whole result) replaced by claims."""
+    if "*" in explains:
+        return InProcessClaim(f"what {probe} reported")
+    if not isinstance(data, dict):
+        return data
+    return {k: InProcessClaim(f'{probe}(...)["{k}"]') if k in explains else v for k, v in data.items()}
