@@ -187,14 +187,16 @@ def checkpoint(function, *args):
     (7, 37) and (2, 5, 37); the same with dropout (p = 0.5, training mode); an input that needs no
     gradient (it gets none, the parameters still get theirs), and ``nn.Bilinear(13, 17, 5)`` called with
     two inputs of which only the second requires grad. The output and every gradient must equal plain
-    autograd's bit for bit (the recomputation runs the same kernels on the same inputs). On all of these,
-    the forward call runs ``function`` exactly once (its FLOPs are those of plain ``function(*args)``) and
-    backward runs it once more, whole; the tensors saved during the forward call may total no more than
-    the bytes of the tensor arguments. Memory is also read from outside your process, for six
-    ``nn.Linear(768, 768)`` + ReLU layers on a (512, 768) input: between forward and backward, with the
-    input and the output released, the process may hold at most twice the input's bytes more than
-    before, and nothing may be kept from one call to the next. Code that names
-    ``torch.utils.checkpoint`` is refused before it runs. Each graded cell may use 60 s and 4 GiB.
+    autograd's bit for bit (the recomputation runs the same kernels on the same inputs). Memory
+    (``test_checkpoint_memory``) is read from outside your process, for six ``nn.Linear(W, W)`` + ReLU
+    layers on a float32 (B, W) input whose sizes are drawn at grading time, W from 64 to 128 and B·W
+    from 2^20 to 2^21 elements: between forward and backward, with the input and the output released,
+    the process may hold at most twice the input's bytes more than before, nothing may be kept from one
+    call to the next, and on that same call the loss, the input's gradient and every parameter's gradient
+    must equal plain autograd's (up to float32 rounding). The same cell runs ``function`` with an
+    ``nn.BatchNorm1d`` in training mode, which counts its calls: the forward call must run ``function``
+    exactly once and backward once more. Code that names ``torch.utils.checkpoint`` is refused before it
+    runs. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     params = tuple(p for p in function.parameters() if p.requires_grad) if isinstance(function, nn.Module) else ()
@@ -386,9 +388,16 @@ def checkpoint_uniform(layers, x, segments):
     with an input that needs no gradient. The output and the gradients of the input and the parameters
     must equal plain autograd's bit for bit; the forward pass calls each layer once, in order; the chunks
     are read from the layers that run again during backward (each chunk as one run of consecutive layers,
-    the last chunk first); the tensors saved during the forward pass may total no more than the bytes of
-    the k chunk inputs. k = 0, 11, -1 and 2.5 must raise ``ValueError``. Code that names
-    ``torch.utils.checkpoint`` is refused before it runs. Each graded cell may use 60 s and 4 GiB.
+    the last chunk first) (``test_checkpoint_uniform``). k = 0, 11, -1 and 2.5 must raise ``ValueError``
+    (``test_checkpoint_uniform_edge_cases``). Memory (``test_checkpoint_uniform_memory``) is read from
+    outside your process, for eight layers, each ``nn.Sequential(nn.Linear(W, W), nn.ReLU())``, on a
+    float32 (B, W) input whose sizes are drawn at grading time, W from 64 to 128 and B·W from 2^20 to
+    2^21 elements, and k drawn from 2 to 4: between forward and backward, with the input and the output
+    released, the process may hold no more than the bytes of k + 1 such inputs more than before (the k
+    chunk inputs, and one input's worth of slack), nothing may be kept from one call to the next, and
+    on that same call the loss and every gradient must equal plain autograd's (up to float32 rounding).
+    Code that names ``torch.utils.checkpoint`` is refused before it runs. Each graded cell may use 60 s
+    and 4 GiB.
     """
     ### BEGIN SOLUTION
     layers = list(layers)
@@ -423,6 +432,21 @@ print("visible checks passed")
 from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_uniform", globals())
 ### END HIDDEN TESTS
 
+# %% test="test_checkpoint_uniform_memory" points=1 checks="checkpoint_uniform"
+# What autograd holds when the forward pass ends: only the chunk inputs (the grader reads the whole process's
+# memory from outside it, on a larger input, and checks the loss and gradients of that same call).
+deep = mlp_layers(8)  # 8 layers Linear + ReLU: every layer input has the size of x_mlp
+m = measure(lambda: checkpoint_uniform(deep, x_mlp, 4).sum(), *deep)
+plain = measure(lambda: run_plain(deep, x_mlp).sum(), *deep)
+print(f"held when the forward pass ends: {m.resident_activation_bytes / KB:,.0f} KB, plain autograd "
+      f"{plain.resident_activation_bytes / KB:,.0f} KB (one layer input: {one_input / KB:,.0f} KB)")
+assert m.resident_activation_bytes <= 4 * one_input, \
+    "8 layers in 4 chunks keep 4 chunk inputs until backward: run each chunk through checkpoint and keep nothing else"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_uniform_memory", globals())
+### END HIDDEN TESTS
+
 # %% test="test_checkpoint_uniform_edge_cases" points=1 checks="checkpoint_uniform"
 for bad in (0, 11, 2.5):
     try:
@@ -453,10 +477,14 @@ def checkpoint_blocks(layers, x, block_size):
 
     Graded on: the 10-layer chain and the checks of ``checkpoint_uniform`` (output and gradients equal to
     plain autograd's bit for bit, each layer called once in the forward pass, the chunks read from what
-    runs again during backward, saved bytes at most those of the chunk inputs) with b = 1, 3, 4, 6, 10 and
-    15, and b = 4 with an input that needs no gradient; b = 0, -2 and 2.5 must raise ``ValueError``.
-    Code that names ``torch.utils.checkpoint`` is refused before it runs. Each graded cell may use
-    60 s and 4 GiB.
+    runs again during backward) with b = 1, 3, 4, 6, 10 and
+    15, and b = 4 with an input that needs no gradient; b = 0, -2 and 2.5 must raise ``ValueError``. Memory
+    (``test_checkpoint_blocks_memory``) is read from outside your process as for ``checkpoint_uniform``:
+    the same eight layers and drawn (B, W) input, b drawn from 2 to 4, so ceil(8 / b) chunks; the
+    process may hold no more than the bytes of ceil(8 / b) + 1 inputs more than before between forward
+    and backward, nothing may be kept from one call to the next, and the loss and every gradient of
+    that call must equal plain autograd's. Code that names ``torch.utils.checkpoint`` is refused before
+    it runs. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     layers = list(layers)
@@ -479,6 +507,20 @@ assert stored == [3, 7, 11], f"stored inputs of widths {stored}: blocks of 4 ove
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_blocks", globals())
+### END HIDDEN TESTS
+
+# %% test="test_checkpoint_blocks_memory" points=1 checks="checkpoint_blocks"
+# Blocks of 3 over 8 layers: chunks of 3, 3, 2, so 3 chunk inputs held until backward (the grader reads the
+# process's memory from outside it, on a larger input, and checks the loss and gradients of that same call).
+deep = mlp_layers(8)
+m = measure(lambda: checkpoint_blocks(deep, x_mlp, 3).sum(), *deep)
+print(f"held when the forward pass ends: {m.resident_activation_bytes / KB:,.0f} KB "
+      f"(one layer input: {one_input / KB:,.0f} KB)")
+assert m.resident_activation_bytes <= 3 * one_input, \
+    "blocks of 3 over 8 layers keep 3 chunk inputs until backward: run each block through checkpoint, keep nothing else"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch02_checkpointing", "test_checkpoint_blocks_memory", globals())
 ### END HIDDEN TESTS
 
 # %% test="test_checkpoint_blocks_edge_cases" points=1 checks="checkpoint_blocks"

@@ -17,15 +17,17 @@ from torch import nn
 
 from grader.api import LocalNamespace, checks_for
 from grader.sandbox import judge
-from sandbox_checks import program, sandbox_tests
-from wrong_submissions_ch02_checkpointing import WRONG
+from sandbox_checks import LIMITS, program, sandbox_tests
+from wrong_submissions_ch02_checkpointing import MEMORY_WRONG, WRONG
 
 CHAPTER = "ch02_checkpointing"
 CHECKS = checks_for(CHAPTER)
 CELLS = {
     "checkpoint": ("test_checkpoint", "test_checkpoint_rng", "test_checkpoint_edge_cases", "test_checkpoint_memory"),
-    "checkpoint_uniform": ("test_checkpoint_uniform", "test_checkpoint_uniform_edge_cases"),
-    "checkpoint_blocks": ("test_checkpoint_blocks", "test_checkpoint_blocks_edge_cases"),
+    "checkpoint_uniform": ("test_checkpoint_uniform", "test_checkpoint_uniform_memory",
+                           "test_checkpoint_uniform_edge_cases"),
+    "checkpoint_blocks": ("test_checkpoint_blocks", "test_checkpoint_blocks_memory",
+                          "test_checkpoint_blocks_edge_cases"),
     "plan_checkpoints": ("test_plan_checkpoints", "test_plan_checkpoints_edge_cases",
                          "test_plan_checkpoints_long_chain"),
 }
@@ -208,6 +210,41 @@ def every_layer(layers, x, arg):
     for layer in layers:
         x = make_checkpoint()(layer, x)
     return x
+
+
+def detached_when_large(function, *args):
+    """Right on small inputs; on a large one (the measured call) it keeps nothing by returning a detached output, so
+    the loss of that call has no gradient: the memory reading passes, the values of that same call do not."""
+    if any(isinstance(a, torch.Tensor) and a.numel() >= 100_000 for a in args):
+        with torch.no_grad():
+            return function(*args)
+    return make_checkpoint()(function, *args)
+
+
+def scaled_when_large(layers, x, arg):
+    """Right chunks on small inputs; on a large one it returns half the output: memory right, values wrong."""
+    out = make_chunked(split_uniform)(layers, x, arg)
+    return out * 0.5 if x.numel() >= 100_000 else out
+
+
+def recording_outputs(split, clone=False):
+    """The right chunks, each through checkpoint, but a forward hook records every layer's output (for a plot) in
+    a list that outlives the call: every layer's activation stays alive until the next call. Nothing of it is
+    saved for backward, so saved-tensor hooks never see it; only the process's memory shows it."""
+    outputs = []
+
+    def run(layers, x, arg):
+        layers = list(layers)
+        outputs.clear()
+        hooks = [layer.register_forward_hook(lambda _m, _i, out: outputs.append(out.clone() if clone else out))
+                 for layer in layers]
+        try:
+            return make_chunked(split)(layers, x, arg)
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    return run
 
 
 # --- the planner -----------------------------------------------------------------------------------
@@ -411,14 +448,20 @@ PARTIAL = [
     ("checkpoint", make_accumulating(dummy=False), ["test_checkpoint_edge_cases"], "parameters of function still do"),
     ("checkpoint", make_checkpoint(keep_graph=True), ["test_checkpoint_memory"], "keeps only its inputs"),
     ("checkpoint", make_checkpoint(recompute_twice=True), ["test_checkpoint_memory"], "once in backward"),
+    ("checkpoint", detached_when_large, ["test_checkpoint_memory"], "backward through the output raised"),
     # checkpoint_uniform
     ("checkpoint_uniform", make_chunked(split_uniform_ceil), ["test_checkpoint_uniform"], "first n % k chunks"),
     ("checkpoint_uniform", make_chunked(split_uniform_rest_last), ["test_checkpoint_uniform"], "first n % k chunks"),
     ("checkpoint_uniform", make_chunked(split_uniform_short_first), ["test_checkpoint_uniform"], "first n % k chunks"),
     ("checkpoint_uniform", make_chunked(split_uniform, checkpoint_last=False), ["test_checkpoint_uniform"],
-     r"The chunks \[8–9\] were not recomputed: every chunk, the last one included"),
-    ("checkpoint_uniform", every_layer, ["test_checkpoint_uniform"],
+     r"The chunks \[8–9\] were not recomputed: every chunk, the last one included",
+     ["test_checkpoint_uniform_memory"]),  # its plain last chunk keeps one to four inputs more
+    ("checkpoint_uniform", every_layer, ["test_checkpoint_uniform", "test_checkpoint_uniform_memory"],
      "one at a time, each as a chunk of its own. n layers in k chunks"),
+    ("checkpoint_uniform", scaled_when_large, ["test_checkpoint_uniform_memory"], "the loss checkpoint_uniform"),
+    ("checkpoint_uniform", recording_outputs(split_uniform), ["test_checkpoint_uniform_memory"],
+     r"read from outside your process.*no list of layer outputs.*Saved-tensor hooks inside your process saw no more "
+     r"than the chunk inputs"),
     ("checkpoint_uniform", make_chunked(split_uniform_no_check), ["test_checkpoint_uniform_edge_cases"],
      "returned a result: a number of segments outside 1..n raises ValueError"),
     ("checkpoint_uniform", make_chunked(split_uniform_range_only), ["test_checkpoint_uniform_edge_cases"],
@@ -426,11 +469,16 @@ PARTIAL = [
     ("checkpoint_uniform", make_chunked(split_uniform, ckpt=make_accumulating(dummy=False)),
      ["test_checkpoint_uniform_edge_cases"], "parameters of function still do"),
     # checkpoint_blocks
-    ("checkpoint_blocks", make_chunked(split_blocks_off_by_one), ["test_checkpoint_blocks"], r"\[0, b\), \[b, 2b\)"),
+    ("checkpoint_blocks", make_chunked(split_blocks_off_by_one), ["test_checkpoint_blocks"], r"\[0, b\), \[b, 2b\)",
+     ["test_checkpoint_blocks_memory"]),  # b = 2: 8 chunks, more inputs kept; b = 3 or 4: as many as blocks of b
     ("checkpoint_blocks", make_chunked(split_blocks_as_count),
-     ["test_checkpoint_blocks", "test_checkpoint_blocks_edge_cases"], r"\[0, b\), \[b, 2b\)"),
+     ["test_checkpoint_blocks", "test_checkpoint_blocks_edge_cases"], r"\[0, b\), \[b, 2b\)",
+     ["test_checkpoint_blocks_memory"]),  # b = 4: 4 chunks where blocks of 4 make 2
     ("checkpoint_blocks", make_chunked(split_blocks, checkpoint_last=False),  # b = 15: the one chunk is the last
-     ["test_checkpoint_blocks", "test_checkpoint_blocks_edge_cases"], "the last one included"),
+     ["test_checkpoint_blocks", "test_checkpoint_blocks_edge_cases"], "the last one included",
+     ["test_checkpoint_blocks_memory"]),  # its plain last block keeps one to four inputs more
+    ("checkpoint_blocks", recording_outputs(split_blocks, clone=True), ["test_checkpoint_blocks_memory"],
+     r"read from outside your process.*no list of layer outputs"),
     ("checkpoint_blocks", make_chunked(split_blocks_refuses_long), ["test_checkpoint_blocks_edge_cases"],
      "raised ValueError.*b >= n is valid"),
     ("checkpoint_blocks", make_chunked(split_blocks_zero_only), ["test_checkpoint_blocks_edge_cases"],
@@ -453,13 +501,17 @@ PARTIAL = [
 ]
 
 
-@pytest.mark.parametrize("exercise, wrong, failing, message", PARTIAL,
+@pytest.mark.parametrize("exercise, wrong, failing, message, either", [(*p, *([()] * (5 - len(p)))) for p in PARTIAL],
                          ids=[f"{e}-{i}" for i, (e, *_rest) in enumerate(PARTIAL)])
-def test_wrong_fails_only_its_properties(exercise, wrong, failing, message):
+def test_wrong_fails_only_its_properties(exercise, wrong, failing, message, either):
+    """``either``: memory cells whose outcome depends on the sizes drawn at grading time (a chunking mistake keeps
+    more or fewer chunk inputs than the right one, depending on k or b) or lies within the bound's one input of
+    slack; each counts only once the exercise's first cell passes, and the wrong variant fails that one."""
     outcome = run_cells(exercise, namespace(**{exercise: wrong}))
     assert all(outcome[gid] is not None for gid in failing), {gid: outcome[gid] for gid in failing}
     assert re.search(message, outcome[failing[0]]), outcome[failing[0]]
-    passed = [gid for gid in CELLS[exercise] if gid not in failing]
+    assert not either or CELLS[exercise][0] in failing
+    passed = [gid for gid in CELLS[exercise] if gid not in failing and gid not in either]
     assert all(outcome[gid] is None for gid in passed), {gid: outcome[gid] for gid in passed}
 
 
@@ -478,6 +530,37 @@ def test_wrong_fails_only_its_properties(exercise, wrong, failing, message):
 ])
 def test_wrong_fails_its_cell(exercise, wrong, grade_id, message):
     with pytest.raises(AssertionError, match=message):
+        CHECKS[grade_id](namespace(**{exercise: wrong}))
+
+
+KEEPS_EVERY_INPUT = make_checkpoint(keep_graph=True)
+MEMORY_CELLS = {"test_checkpoint_memory": ("checkpoint", KEEPS_EVERY_INPUT),
+                "test_checkpoint_uniform_memory": ("checkpoint_uniform",
+                                                   make_chunked(split_uniform, ckpt=KEEPS_EVERY_INPUT)),
+                "test_checkpoint_blocks_memory": ("checkpoint_blocks", recording_outputs(split_blocks))}
+
+
+@pytest.mark.parametrize("end", ["low", "high"])
+@pytest.mark.parametrize("grade_id", sorted(MEMORY_CELLS))
+def test_memory_cells_at_the_ends_of_the_drawn_ranges(monkeypatch, grade_id, end):
+    """Every size a memory cell draws lies in the range its docstring states; at both ends a correct implementation
+    passes and one that keeps every layer's input fails."""
+    import grader.hidden.ch02_checkpointing as hidden
+
+    drawn = []
+
+    def draw(low, high, multiple_of=1):
+        first, last = -(-low // multiple_of) * multiple_of, high // multiple_of * multiple_of
+        drawn.append((low, high, first if end == "low" else last))
+        return drawn[-1][2]
+
+    monkeypatch.setattr(hidden, "draw", draw)
+    CHECKS[grade_id](namespace())
+    width, batch = drawn[-2][2], drawn[-1][2]
+    assert 64 <= width <= 128 and 2**20 <= width * batch <= 2**21, drawn
+    assert all(low <= value <= high for low, high, value in drawn), drawn
+    exercise, wrong = MEMORY_CELLS[grade_id]
+    with pytest.raises(AssertionError, match="read from outside your process"):
         CHECKS[grade_id](namespace(**{exercise: wrong}))
 
 
@@ -538,3 +621,15 @@ def test_sandbox_enumerating_planner_times_out_on_the_long_chain_only():
     assert outcomes["test_plan_checkpoints_edge_cases"].passed, outcomes["test_plan_checkpoints_edge_cases"].reason
     long_chain = outcomes["test_plan_checkpoints_long_chain"]
     assert not long_chain.passed and long_chain.reason
+
+
+@pytest.mark.parametrize("exercise", ["checkpoint_uniform", "checkpoint_blocks"])
+def test_sandbox_memory_wrong_loses_only_its_memory_cell(exercise):
+    """Right chunks and values, every layer's output kept in a list: the worker's cgroup shows it, so the new memory
+    cell fails and the exercise's other cells pass."""
+    memory = f"test_{exercise}_memory"
+    outcomes = judge.run_checks(CHAPTER, program(CHAPTER, {exercise: MEMORY_WRONG[(CHAPTER, exercise)]}),
+                                list(CELLS[exercise]), LIMITS, checks=CHECKS)
+    assert not outcomes[memory].passed and "read from outside your process" in outcomes[memory].reason
+    assert all(outcomes[gid].passed for gid in CELLS[exercise] if gid != memory), \
+        {gid: outcomes[gid].reason for gid in CELLS[exercise]}

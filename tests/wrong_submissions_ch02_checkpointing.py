@@ -71,3 +71,58 @@ def plan_checkpoints(act_bytes, fwd_flops, budget_bytes):
     return plan
 ''',
 }
+
+# Plausible wrong answers that lose only an exercise's memory cell (read from outside the student's process): the
+# chunks are right and every value is right, but each layer's output is recorded for a plot in a list that outlives
+# the call, so every activation stays alive until the next call. Nothing of it is saved for backward: saved-tensor
+# hooks never see it. Graded through the sandbox by tests/test_hidden_ch02_checkpointing.py.
+MEMORY_WRONG = {
+    ("ch02_checkpointing", "checkpoint_uniform"): '''
+from torch import nn
+
+ACTIVATIONS = []  # every layer's output of the last call, to plot them
+
+
+def checkpoint_uniform(layers, x, segments):
+    """Wrong: right chunks, but every layer's output stays in ACTIVATIONS (test_checkpoint_uniform_memory)."""
+    layers = list(layers)
+    n = len(layers)
+    if isinstance(segments, bool) or not isinstance(segments, int) or not 1 <= segments <= n:
+        raise ValueError(f"segments must be an int in 1..{n}, got {segments!r}")
+    ACTIVATIONS.clear()
+    hooks = [layer.register_forward_hook(lambda module, inputs, output: ACTIVATIONS.append(output))
+             for layer in layers]
+    size, extra = divmod(n, segments)
+    start = 0
+    try:
+        for i in range(segments):
+            stop = start + size + (i < extra)
+            x = checkpoint(nn.Sequential(*layers[start:stop]), x)
+            start = stop
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return x
+''',
+    ("ch02_checkpointing", "checkpoint_blocks"): '''
+from torch import nn
+
+
+def checkpoint_blocks(layers, x, block_size):
+    """Wrong: right blocks, but a copy of every layer's output stays in checkpoint_blocks.log, by layer index
+    (test_checkpoint_blocks_memory)."""
+    layers = list(layers)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    checkpoint_blocks.log = {}
+    hooks = [layer.register_forward_hook(lambda module, inputs, output, i=i: checkpoint_blocks.log.setdefault(
+        i, output.detach().clone())) for i, layer in enumerate(layers)]
+    try:
+        for start in range(0, len(layers), block_size):
+            x = checkpoint(nn.Sequential(*layers[start:start + block_size]), x)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return x
+''',
+}

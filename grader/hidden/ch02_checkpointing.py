@@ -7,16 +7,23 @@ checkpoint:
 - rng: with dropout in training mode, the same comparison: the recomputation draws the same mask.
 - edge cases: an input that needs no gradient (the parameters still get theirs) and two inputs of
   which only the second requires grad.
-- memory: read from outside the student's process (``grader.resources``) for a 6-layer MLP with
-  1.5 MiB activations; on every case above, the bytes saved during the forward call (measured in the
-  student's process: an upper bound, which also explains a failure), the forward FLOPs (function runs
-  once) and the layers that run again during backward (function runs once more, whole).
+- memory (test_checkpoint_memory): read from outside the student's process (``grader.resources``) for six
+  Linear(W, W) + ReLU layers on a seeded (B, W) input drawn at grading time (W in 64..128, B * W from 2^20 to 2^21
+  elements): between forward and backward the process may hold at most two inputs more than before; on that same
+  call the loss, the input's gradient checksum and every parameter's gradient equal plain autograd's (the judge
+  recomputes them). A BatchNorm1d in training mode inside function counts its calls in its own buffer: the
+  forward call runs function once, backward once more. What the forward call saved, measured inside the
+  student's process, only explains a failed reading.
 
 checkpoint_uniform, checkpoint_blocks: the chunks are read from *which layers run again during
 backward*, and in what order: each checkpointed chunk is recomputed as one run of consecutive layers,
-the last chunk first. Values and gradients (bit for bit), the forward calls, the chunks and the saved
-bytes on the regular cases; the edge cases (an input that needs no gradient, a block size beyond the
-chain, the ValueErrors) in a cell of their own.
+the last chunk first (a trace that can take these points away, never award them). Values and gradients
+(bit for bit), the forward calls and the chunks on the regular cases; the edge cases (an input that needs no gradient, a block size beyond the
+chain, the ValueErrors) in a cell of their own. Memory in a cell of its own (test_checkpoint_uniform_memory,
+test_checkpoint_blocks_memory), read from outside the process as for checkpoint: eight Linear(W, W) + ReLU layers,
+the same drawn input, k or b drawn from 2 to 4; at most one input more than the chunk inputs is held between
+forward and backward, with the loss and gradients of that call checked. Saved-tensor hooks and layer traces cannot
+see activations kept on ctx attributes or in lists; the cgroup reading does.
 
 plan_checkpoints: optimal plans where one fits (hand-made and random chains of up to 10 layers, against
 exhaustive search); the edge cases (one layer, budgets no plan fits, lists of different lengths); a
@@ -38,7 +45,7 @@ from torch import nn
 from coursekit.checks import check_close
 from grader import probes
 from grader.api import fetch, hidden_test
-from grader.resources import Meter, fresh_tensor, mib
+from grader.resources import Meter, draw, fresh_tensor, mib, new_seed, seeded
 from grader.source_policy import Shortcut, SourcePolicy
 
 # Exercise cells may not use torch.utils.checkpoint (the text says so: section 7 compares with it).
@@ -76,6 +83,8 @@ MEMORY_HINT = ("a checkpoint keeps only its inputs: run function without recordi
                "(inside autograd.Function.forward, or under torch.no_grad()) and recompute it in backward")
 CHUNK_VALUES_HINT = ("run the layers in order, each exactly once per pass, each chunk through your checkpoint (whose "
                      "gradients equal plain autograd's, test_checkpoint)")
+CHUNK_MEMORY_HINT = ("run every chunk as one checkpoint(...) call and keep nothing else alive until backward: no graph "
+                     "kept on ctx or elsewhere, no list of layer outputs; only the chunk inputs stay")
 CHUNK_ATTACH_HINT = ("each chunk's output is what checkpoint(...) returns, attached to the graph (test_checkpoint): "
                      "do not detach it, nor run the chunks under torch.no_grad()")
 SPLIT_HINT = ("n layers in k chunks: the first n % k chunks have n // k + 1 layers, the others n // k "
@@ -243,51 +252,144 @@ def check_checkpoint_edge_cases(nb):
                  inputs_need_grad=_needs_grad(case.get("x_requires_grad", True), case.get("extra", ())))
 
 
-def _check_schedule(got: dict, ref: dict, case: dict) -> None:
-    """What the forward call saved and ran, and what ran again during backward."""
-    where, extra = case["where"], case.get("extra", ())
-    bound = _nbytes(case["x"]) + sum(_nbytes(e) for e in extra if isinstance(e, torch.Tensor))
+def _schedule_explanation(nb) -> str:
+    """What the forward call saved, measured inside the student's process on the first values case: read
+    only after the outside reading has decided, to explain its failure (never a reason on its own)."""
+    case = _values_cases()[0]
+    try:
+        got = _student(nb, "checkpoint", case["module"], case["x"], case["g"])
+    except Exception:  # noqa: BLE001 - an explanation is optional; the reading above decided
+        return ""
+    bound = _nbytes(case["x"])
     if got["activation_bytes"] > bound:
-        raise AssertionError(
-            f"{where}: {got['activation_bytes']:,} bytes of activations were saved for backward, but a checkpoint "
-            f"keeps only its inputs ({bound:,} bytes); plain autograd saves {ref['activation_bytes']:,}. {MEMORY_HINT}")
-    if got["forward_flops"] != ref["forward_flops"]:
-        raise AssertionError(
-            f"{where}: the forward call cost {got['forward_flops']:,} FLOPs, plain function(*args) "
-            f"{ref['forward_flops']:,}: run function exactly once in the forward pass")
-    if not got["attached"]:
-        if _needs_grad(case.get("x_requires_grad", True), extra):
-            raise AssertionError(f"{where}: the output is not attached to the autograd graph, so backward never "
-                                 f"ran function again. {ATTACH_HINT}")
-        return  # only parameters need a gradient here: test_checkpoint_edge_cases grades that
-    if got["backward_calls"] != ref["forward_calls"]:
-        raise AssertionError(
-            f"{where}: during backward the layers {got['backward_calls']} ran, expected one recomputation of the "
-            f"whole function ({ref['forward_calls']}): recompute function(*args) once in backward")
+        return (f" Inside your process, the forward call {case['where']} saved {got['activation_bytes']:,} bytes for "
+                f"backward, where a checkpoint saves only its input ({bound:,} bytes).")
+    return (" Saved-tensor hooks inside your process saw no more than the input saved: memory kept elsewhere "
+            "(ctx attributes, globals, module attributes, lists) is not saved for backward, so it does not show "
+            "there, but your process still holds it.")
 
 
 @hidden_test("test_checkpoint_memory")
 def check_checkpoint_memory(nb):
     meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
-    _check_held_memory(nb, meter)  # before the traced cases below: their probes' own caches stay out of it
-    for case in _values_cases() + _rng_cases() + _edge_cases():
-        got, ref = _run_case(nb, case)
-        _check_schedule(got, ref, case)
+    depth, batch, width = CHECKPOINT_DEPTH, *_draw_input_shape()
+    where = (f"checkpoint(mlp, x) for {depth} Linear({width}, {width}) + ReLU layers on a ({batch}, {width}) "
+             "input")
+    _check_memory_case(nb, meter, where, lambda module, x: nb.checkpoint(module, x), depth, batch, width,
+                       kept_inputs=1, kept_what="its input", hint=MEMORY_HINT,
+                       explain=lambda: _schedule_explanation(nb))
+    _check_call_counts(nb)
 
 
-def _check_held_memory(nb, meter: Meter, width: int = 768, depth: int = 6, batch: int = 512) -> None:
-    """What the process holds between forward and backward, read from outside it: the input only."""
-    mlp = meter.put(nn.Sequential(*[layer for _ in range(depth) for layer in (nn.Linear(width, width), nn.ReLU())]))
-    nb.checkpoint(mlp, fresh_tensor(nb, (2, width))).sum()  # first call (no backward: no gradients yet)
-    held, loss = meter.held_by(lambda x: nb.checkpoint(mlp, x).sum(), inputs=lambda: [meter.tensor((batch, width))])
-    x_bytes = batch * width * 4
-    if held.kept > 2 * x_bytes:  # the input, and less than one more activation
-        raise AssertionError(
-            f"checkpoint(mlp, x) for {depth} Linear({width}, {width}) + ReLU layers on a ({batch}, {width}) input: "
-            f"between forward and backward, with x and the output released, your process still held "
-            f"{mib(held.kept)} more than before (read from outside your process); the input is {mib(x_bytes)}, "
-            f"plain autograd keeps about {mib(2 * depth * x_bytes)}. {MEMORY_HINT}")
+def _check_call_counts(nb) -> None:
+    """How many times function ran, read from what it did: a BatchNorm1d in training mode counts its calls in
+    its own buffer (num_batches_tracked), a value of the judge's module fetched between the calls."""
+    module = _seeded(17, lambda: nn.Sequential(nn.Linear(37, 53), nn.BatchNorm1d(53), nn.ReLU(), nn.Linear(53, 11)))
+    x, g = _randn(8, 37, seed=18).requires_grad_(True), _randn(8, 11, seed=19)
+    sent = nb.put((module, module[1].num_batches_tracked, x, g))
+    where = "for an MLP with a BatchNorm1d in training mode (it counts its calls in num_batches_tracked)"
+    y = nb.checkpoint(sent[0], sent[2])
+    forward = int(fetch(sent[1]))
+    if forward != 1:
+        raise AssertionError(f"{where}, the forward call ran function {forward} times: run it exactly once in the "
+                             "forward pass (its FLOPs are those of plain function(*args))")
+    if not fetch(y.requires_grad):
+        raise AssertionError(f"{where}: the output is not attached to the autograd graph, so backward never ran "
+                             f"function again. {ATTACH_HINT}")
+    y.backward(sent[3])
+    del y
+    again = int(fetch(sent[1])) - 1
+    if again != 1:
+        raise AssertionError(f"{where}, backward ran function {again} times: recompute function(*args) once in "
+                             "backward, whole")
+
+
+# --- memory, read from outside the student's process -------------------------------------------------
+# Sizes drawn at grading time from the ranges the docstrings state: a float32 (B, W) input, W in 64..128 (a
+# multiple of 32), B * W from 2^20 to 2^21 elements (4 to 8 MiB), through layers Linear(W, W) + ReLU. Keeping every
+# layer input holds depth + 1 inputs; a checkpoint holds its input, a chunked run its chunk inputs (c <= 4 of them).
+# The bound allows one input more (4 MiB or more above what a right answer holds; measured: 0.2-0.5 MiB of noise), and
+# lies at least 4 inputs (16 MiB) below what keeping every layer input holds (9 inputs for 8 layers and c <= 4 chunks,
+# 7 for the checkpoint's 6 layers against its bound of 2), far more than the FOOTPRINT + GROWTH (5 MiB) that ballast
+# freed during the measured call can hide.
+MEMORY_WIDTHS = (64, 128, 32)
+MEMORY_ELEMENTS = (2**20, 2**21)
+CHECKPOINT_DEPTH = 6
+CHAIN_DEPTH = 8
+UNIFORM_SEGMENTS = (2, 4)
+BLOCK_SIZES = (2, 4)
+
+
+def _draw_input_shape() -> tuple[int, int]:
+    width = draw(*MEMORY_WIDTHS)
+    low, high = MEMORY_ELEMENTS
+    return draw(-(-low // width), high // width, 8), width
+
+
+def _relu_layers(depth: int, width: int, seed: int) -> nn.Sequential:
+    """``depth`` layers, each an nn.Sequential(Linear(width, width), ReLU()), as ``mlp_layers`` builds them."""
+    return _seeded(seed, lambda: nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU())
+                                                for _ in range(depth)]))
+
+
+def _plain_values(module: nn.Module, shape, seed: int) -> dict:
+    """Plain autograd's loss, input-gradient checksum and parameter gradients on the seeded input, with the
+    scales the tolerances follow (sums of absolute values: float32 sums in another order round differently)."""
+    x = seeded(shape, seed=seed).requires_grad_(True)
+    y = module(x)
+    loss = y.sum()
     loss.backward()
+    return {"loss": loss.detach(), "loss_scale": float(y.detach().abs().sum()),
+            "dx_sum": x.grad.sum(), "dx_scale": float(x.grad.abs().sum()),
+            "grads": [p.grad.detach().clone() for p in module.parameters()]}
+
+
+def _check_memory_case(nb, meter: Meter, where: str, run, depth: int, batch: int, width: int, kept_inputs: int,
+                       kept_what: str, hint: str, explain) -> None:
+    """``run(module, x)`` on ``depth`` layers and a seeded (batch, width) input, between two outside readings:
+    what the process holds between forward and backward (with x and the output released) may be at most
+    ``kept_inputs`` + 1 inputs; on the same call the loss and every gradient equal plain autograd's."""
+    model = _relu_layers(depth, width, new_seed())
+    reference_model = copy.deepcopy(model)  # in-kernel the student's call shares ``model``
+    seed = new_seed()
+    sent = meter.put((model, list(model.parameters())))
+    module, params = sent[0], sent[1]
+    run(module, fresh_tensor(nb, (2, width))).sum()  # a first call (no backward: no gradients yet)
+    held, loss = meter.held_by(lambda x: run(module, x).sum(),
+                               inputs=lambda: [meter.tensor((batch, width), seed=seed)])
+    x_bytes = batch * width * 4
+    if held.kept > (kept_inputs + 1) * x_bytes:
+        raise AssertionError(
+            f"{where}: between forward and backward, with x and the output released, your process still held "
+            f"{mib(held.kept)} more than before (read from outside your process), more than the "
+            f"{mib((kept_inputs + 1) * x_bytes)} allowed: {kept_what} ({mib(kept_inputs * x_bytes)}) and one input's "
+            f"worth of slack ({mib(x_bytes)}); keeping every layer's input holds about "
+            f"{mib((depth + 1) * x_bytes)}. {hint}.{explain()}")
+    _check_call_values(nb, where, loss, held.leaves[0], params, _plain_values(reference_model, (batch, width), seed))
+
+
+def _check_call_values(nb, where: str, loss, leaf, params, ref: dict) -> None:
+    """The measured call's loss, input-gradient checksum and parameter gradients against plain autograd's."""
+    hint = ("the measured call must compute what plain autograd computes, on every input size: the loss is the sum "
+            "of the output, and backward gives the input and every parameter their gradients")
+    got_loss = fetch(loss)
+    check_close(got_loss, ref["loss"], f"the loss {where}", hint, atol=1e-5 * ref["loss_scale"], rtol=0.0)
+    try:
+        loss.backward()
+    except Exception as e:  # noqa: BLE001 - the student's backward raised
+        raised = getattr(e, "type_name", type(e).__name__)
+        raise AssertionError(f"{where}: backward through the output raised {raised}. {ATTACH_HINT}") from None
+    dx_sum = fetch(leaf.grad)
+    if dx_sum is None:
+        raise AssertionError(f"{where}: no gradient reached the input. {INPUT_GRAD_HINT}")
+    check_close(dx_sum, ref["dx_sum"], f"the sum of the input's gradient {where}", hint,
+                atol=1e-5 * ref["dx_scale"], rtol=0.0)
+    states = fetch(nb.apply(probes.tensor_states, params))
+    for i, (state, expected) in enumerate(zip(states, ref["grads"])):
+        if state["grad"] is None:
+            raise AssertionError(f"{where}: parameter {i} of the layers received no gradient. {PARAM_GRAD_HINT}")
+        check_close(state["grad"], expected, f"the gradient of parameter {i} {where}", hint,
+                    atol=1e-5 * float(expected.abs().max()), rtol=1e-4)
 
 
 # --- uniform and block methods ------------------------------------------------------------------
@@ -329,7 +431,7 @@ def _chunk_hint(found: list[tuple[int, int]], chunks: list[tuple[int, int]], spl
 def _check_chunked(nb, fn_name: str, arg: int, chunks: list[tuple[int, int]], split_hint: str, seed: int,
                    x_requires_grad: bool = True, values: bool = True, layout: bool = True,
                    raised_hint: str = "") -> None:
-    """``values``: output and gradients bit for bit; ``layout``: forward calls, recomputed chunks, saved bytes
+    """``values``: output and gradients bit for bit; ``layout``: forward calls and recomputed chunks
     (on an attached output only when ``values`` is off: then another cell grades attaching). ``raised_hint``
     explains an exception the call should not raise."""
     chain = _chain(seed)
@@ -363,13 +465,7 @@ def _check_chunked(nb, fn_name: str, arg: int, chunks: list[tuple[int, int]], sp
     if got["backward_calls"] not in (full, short):
         raise AssertionError(f"for {where} the chunks recomputed during backward were {_fmt(found)}, expected "
                              f"{_fmt(chunks)}. {_chunk_hint(found, chunks, split_hint)}")
-    # Layer inputs, in order: x, then each layer's output (widths from the chain above).
-    widths = [5, 7, 7, 11, 11, 13, 17, 17, 19, 23]
-    bound = sum(6 * widths[a] * 4 for a, _ in chunks)
-    if got["activation_bytes"] > bound:
-        raise AssertionError(
-            f"for {where}, {got['activation_bytes']:,} bytes were saved during the forward pass, more than the "
-            f"inputs of the chunks {_fmt(chunks)} ({bound:,} bytes): only the chunk inputs may be kept. {MEMORY_HINT}")
+    # What the forward pass keeps is graded from outside the process (test_checkpoint_*_memory), not here.
 
 
 def _expect_value_error(nb, fn_name: str, arg, what: str) -> None:
@@ -396,6 +492,42 @@ def check_checkpoint_uniform(nb):
                    values=False)
 
 
+def _chunk_explanation(nb, fn_name: str, arg: int, chunks: list[tuple[int, int]]) -> str:
+    """What the forward pass saved on the 10-layer chain, measured inside the student's process: read only after
+    the outside reading has decided, to explain its failure (never a reason on its own)."""
+    chain = _chain(70)
+    try:
+        got = _student(nb, fn_name, chain, _randn(6, 5, seed=71), _randn(6, 3, seed=72), arg)
+    except Exception:  # noqa: BLE001 - an explanation is optional; the reading above decided
+        return ""
+    widths = [5, 7, 7, 11, 11, 13, 17, 17, 19, 23]
+    bound = sum(6 * widths[a] * 4 for a, _ in chunks)
+    if got["activation_bytes"] > bound:
+        return (f" Inside your process, {fn_name}(10 layers, x, {arg}) saved {got['activation_bytes']:,} bytes for "
+                f"backward, more than the inputs of its chunks {_fmt(chunks)} ({bound:,} bytes).")
+    return (" Saved-tensor hooks inside your process saw no more than the chunk inputs saved: memory kept elsewhere "
+            "(ctx attributes, globals, module attributes, lists filled by hooks) is not saved for backward, so it "
+            "does not show there, but your process still holds it.")
+
+
+def _check_chunked_memory(nb, fn_name: str, arg: int, chunks: int, explain_arg: int,
+                          explain_chunks: list[tuple[int, int]]) -> None:
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
+    depth, (batch, width) = CHAIN_DEPTH, _draw_input_shape()
+    fn = nb[fn_name]
+    where = (f"{fn_name}(layers, x, {arg}) for {depth} layers Linear({width}, {width}) + ReLU on a ({batch}, {width}) "
+             "input")
+    _check_memory_case(nb, meter, where, lambda module, x: fn(module, x, arg), depth, batch, width,
+                       kept_inputs=chunks, kept_what=f"the inputs of its {chunks} chunks", hint=CHUNK_MEMORY_HINT,
+                       explain=lambda: _chunk_explanation(nb, fn_name, explain_arg, explain_chunks))
+
+
+@hidden_test("test_checkpoint_uniform_memory")
+def check_checkpoint_uniform_memory(nb):
+    segments = draw(*UNIFORM_SEGMENTS)
+    _check_chunked_memory(nb, "checkpoint_uniform", segments, segments, *UNIFORM_CASES[0])
+
+
 @hidden_test("test_checkpoint_uniform_edge_cases")
 def check_checkpoint_uniform_edge_cases(nb):
     _check_chunked(nb, "checkpoint_uniform", 3, UNIFORM_CASES[1][1], SPLIT_HINT, seed=40, x_requires_grad=False,
@@ -411,6 +543,12 @@ def check_checkpoint_blocks(nb):
         _check_chunked(nb, "checkpoint_blocks", b, chunks, BLOCK_HINT, seed=50 + i)
     _check_chunked(nb, "checkpoint_blocks", 4, BLOCK_CASES[1][1], BLOCK_HINT, seed=60, x_requires_grad=False,
                    values=False)
+
+
+@hidden_test("test_checkpoint_blocks_memory")
+def check_checkpoint_blocks_memory(nb):
+    block_size = draw(*BLOCK_SIZES)
+    _check_chunked_memory(nb, "checkpoint_blocks", block_size, -(-CHAIN_DEPTH // block_size), *BLOCK_CASES[1])
 
 
 @hidden_test("test_checkpoint_blocks_edge_cases")

@@ -7,8 +7,10 @@ import torch
 from torch import nn
 
 from coursekit.measure import flop_counter, saved_tensors
+from grader.probes import in_process
 
 
+@in_process(explains=("activation_bytes", "saved_shapes", "forward_flops", "backward_flops"), restricts=("forward_calls", "backward_calls"))
 def ch02_run_and_trace(fn: Callable, module: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, *extra,
                        seed: int = 0, x_requires_grad: bool = True) -> dict:
     """Run ``fn(module, x, *extra)`` and back-propagate ``grad_out``; report outputs, gradients,
