@@ -206,11 +206,13 @@ def accumulate_gradients(model: nn.Module, loss_fn: nn.Module, inputs: torch.Ten
     compared with a float64 reference to float32 rounding; parameters must stay exactly as they were,
     frozen ones still frozen and without ``.grad``. Memory: the model given raises if called on more
     samples than micro_batch_size, and its output for a sample depends on the sample's place in the call,
-    so the micro-batches must be exactly the slices above; and while one call on 1024 samples of a wide
-    MLP runs, what your process holds, read from outside it, must stay near one micro-batch's activations
-    (summing the losses before one ``backward()`` keeps all of them). The returned loss: a detached 0-dim
-    tensor, the full-batch mean. Edge cases: micro_batch_size 37 and 64 (m >= B); micro_batch_size 0, -3
-    and 2.5 must raise ``ValueError``. Each graded cell may use 60 s and 4 GiB.
+    so the micro-batches must be exactly the slices above; and while one call on a Linear(16, 16384)-Tanh-
+    Linear(16384, 1) MLP with ``nn.MSELoss()`` runs, on 768 to 1000 samples with micro_batch_size 8 to 24
+    (sizes and values drawn at grading time), what your process holds, read from outside it, must stay
+    under a quarter of the whole batch's activations (summing the losses before one ``backward()`` keeps
+    all of them), and that very call must leave the full-batch gradient in ``.grad``. The returned loss:
+    a detached 0-dim tensor, the full-batch mean. Edge cases: micro_batch_size 37 and 64 (m >= B);
+    micro_batch_size 0, -3 and 2.5 must raise ``ValueError``. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size < 1:
@@ -272,12 +274,24 @@ from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_accumul
 ### END HIDDEN TESTS
 
 # %% test="test_accumulate_gradients_memory" points=1 checks="accumulate_gradients"
+from coursekit import saved_tensors
+
 net = CountingModel(nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)))
 accumulate_gradients(net, nn.CrossEntropyLoss(), x, y, micro_batch_size=4)
 assert net.sizes == [4, 4, 2], f"forwarded batches of {net.sizes}, expected micro-batches of 4, 4 and 2"
 net.sizes.clear()
 accumulate_gradients(net, nn.CrossEntropyLoss(), x, y, micro_batch_size=3)
 assert net.sizes == [3, 3, 3, 1], f"forwarded batches of {net.sizes}, expected micro-batches of 3, 3, 3 and 1"
+# What autograd holds at once: about one micro-batch's activations, not the whole batch's.
+wide = nn.Sequential(nn.Linear(6, 512), nn.Tanh(), nn.Linear(512, 3))
+x_wide, y_wide = torch.randn(64, 6), torch.randint(0, 3, (64,))
+with saved_tensors(wide) as one_micro:
+    nn.CrossEntropyLoss()(wide(x_wide[:8]), y_wide[:8]).backward()
+with saved_tensors(wide) as accumulated:
+    accumulate_gradients(wide, nn.CrossEntropyLoss(), x_wide, y_wide, micro_batch_size=8)
+assert accumulated.peak_activation_bytes < 2 * one_micro.peak_activation_bytes, \
+    f"autograd held {accumulated.peak_activation_bytes:,} bytes of activations at once, one micro-batch's are " \
+    f"{one_micro.peak_activation_bytes:,}: call backward() on each micro-batch's loss right after its forward"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_accumulate_gradients_memory", globals())
@@ -345,10 +359,15 @@ def train_accumulated(model: nn.Module, optimizer: torch.optim.Optimizer, loss_f
     loss and the final parameters are compared, to float32 rounding, with the same number of full-batch
     SGD steps computed in float64; frozen parameters must not change. Memory: one step on a model that
     refuses calls on more than micro_batch_size samples and whose output depends on a sample's place in
-    the call (the micro-batches of ``accumulate_gradients``). Edge cases: loaders that run out (5 steps
-    from 3 batches; 4 steps from 2 batches in an iterable without ``len`` or indexing, like a
-    ``DataLoader``), the losses as Python floats, ``steps=0`` (an empty list, nothing changed) and the
-    ``ValueError`` of an empty loader. Each graded cell may use 60 s and 4 GiB.
+    the call (the micro-batches of ``accumulate_gradients``); and one step of ``torch.optim.SGD`` (lr 0.02,
+    no momentum) on the wide MLP of ``accumulate_gradients``' memory cell, on 768 to 1000 samples with
+    micro_batch_size 8 to 24 (sizes and values drawn at grading time): what your process holds while it
+    runs, read from outside it, must stay under a quarter of the whole batch's activations, and each
+    parameter's update by that very step must be that of one step on the micro-batches (to a thousandth
+    of its largest entry). Edge cases: loaders that run out (5 steps from 3 batches; 4 steps from 2
+    batches in an iterable without ``len`` or indexing, like a ``DataLoader``), the losses as Python
+    floats, ``steps=0`` (an empty list, nothing changed) and the ``ValueError`` of an empty loader. Each
+    graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     losses = []
@@ -400,6 +419,19 @@ train_accumulated(counted, torch.optim.SGD(counted.parameters(), lr=0.1), nn.MSE
                   micro_batch_size=3, steps=2)
 assert counted.sizes == [3, 3, 3, 1] * 2, \
     f"forwarded batches of {counted.sizes}: each batch of 10 goes through micro-batches of 3, 3, 3 and 1"
+# What autograd holds at once during a step: about one micro-batch's activations.
+from coursekit import saved_tensors
+
+wide = nn.Sequential(nn.Linear(6, 512), nn.Tanh(), nn.Linear(512, 2))
+wide_loader = [(torch.randn(64, 6), torch.randn(64, 2))]
+with saved_tensors(wide) as one_micro:
+    nn.MSELoss()(wide(wide_loader[0][0][:8]), wide_loader[0][1][:8]).backward()
+with saved_tensors(wide) as stepped:
+    train_accumulated(wide, torch.optim.SGD(wide.parameters(), lr=0.01), nn.MSELoss(), wide_loader,
+                      micro_batch_size=8, steps=1)
+assert stepped.peak_activation_bytes < 2 * one_micro.peak_activation_bytes, \
+    f"autograd held {stepped.peak_activation_bytes:,} bytes of activations at once, one micro-batch's are " \
+    f"{one_micro.peak_activation_bytes:,}: each batch goes through accumulate_gradients' micro-batches"
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_train_accumulated_memory", globals())

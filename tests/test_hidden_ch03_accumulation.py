@@ -12,6 +12,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from grader.api import LocalNamespace, checks_for
 
@@ -241,6 +242,45 @@ def test_bypassing_the_model_fails_memory():
         CHECKS["test_accumulate_gradients_memory"](namespace(accumulate_gradients=acc))
 
 
+# --- honest only where it is not measured, or skipping the work where it is ----------------------
+def sum_first_except(sizes):
+    """Micro-batches with the right weights, all losses summed before one backward(), except on a batch of one of
+    ``sizes`` samples (a size the text once documented as the measured one)."""
+    def acc(model, loss_fn, inputs, targets, micro_batch_size):
+        if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be a positive integer, got {micro_batch_size!r}")
+        if len(inputs) in sizes:
+            return accumulate_gradients(model, loss_fn, inputs, targets, micro_batch_size)
+        return make_accumulate(sum_first=True)(model, loss_fn, inputs, targets, micro_batch_size)
+    return acc
+
+
+def nothing_when_large(model, loss_fn, inputs, targets, micro_batch_size):
+    """Correct on small batches; on a large one (where memory is read from outside) no gradient at all."""
+    if len(inputs) >= 256:
+        with torch.no_grad():
+            return loss_fn(model(inputs[:micro_batch_size]), targets[:micro_batch_size])
+    return accumulate_gradients(model, loss_fn, inputs, targets, micro_batch_size)
+
+
+def first_micro_batch_when_large(model, loss_fn, inputs, targets, micro_batch_size):
+    """Correct on small batches; on a large one, the gradient of its first micro-batch only."""
+    if len(inputs) >= 256:
+        return accumulate_gradients(model, loss_fn, inputs[:micro_batch_size], targets[:micro_batch_size],
+                                    micro_batch_size)
+    return accumulate_gradients(model, loss_fn, inputs, targets, micro_batch_size)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (sum_first_except({1024}), "summing the micro-batch losses"),
+    (nothing_when_large, "has no .grad after that call"),
+    (first_micro_batch_when_large, "the gradient of .* after that call differs"),
+])
+def test_accumulate_gradients_measured_call_fails_only_memory(wrong, message):
+    """The measured call's sizes are drawn at grading time, and its gradients are checked."""
+    _fails_only(namespace(accumulate_gradients=wrong), "test_accumulate_gradients_memory", ACCUMULATE_IDS, message)
+
+
 # --- wrong train_accumulated ---------------------------------------------------------------------
 def train_stepping_per_micro_batch(model, optimizer, loss_fn, loader, micro_batch_size, steps):
     losses, batches = [], list(loader)
@@ -315,6 +355,32 @@ def test_train_accumulated_rejects(wrong, grade_id, message):
 ])
 def test_train_accumulated_mistake_fails_only_its_cell(wrong, grade_id, message):
     _fails_only(namespace(train_accumulated=wrong), grade_id, TRAIN_IDS, message)
+
+
+def train_whole_batch_on_sequential(model, optimizer, loss_fn, loader, micro_batch_size, steps):
+    """Micro-batches only on a model that is not an nn.Sequential (the grader's refusing wrapper); one forward of
+    the whole batch on every plain model."""
+    if isinstance(model, nn.Sequential):
+        return train_full_batch(model, optimizer, loss_fn, loader, micro_batch_size, steps)
+    return make_train()(model, optimizer, loss_fn, loader, micro_batch_size, steps)
+
+
+def train_no_step_when_large(model, optimizer, loss_fn, loader, micro_batch_size, steps):
+    """Correct on small batches; on a large one it accumulates the first micro-batch only, then steps."""
+    def acc(m, f, x, y, micro):
+        if len(x) >= 256:
+            return accumulate_gradients(m, f, x[:micro], y[:micro], micro)
+        return accumulate_gradients(m, f, x, y, micro)
+    return make_train(accumulate=acc)(model, optimizer, loss_fn, loader, micro_batch_size, steps)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (train_whole_batch_on_sequential, "while it ran, your process grew by"),
+    (train_no_step_when_large, "the update of parameter .* by the step differs"),
+])
+def test_train_accumulated_measured_call_fails_only_memory(wrong, message):
+    """One step on a plain wide MLP, read from outside the process, sizes drawn, parameters checked."""
+    _fails_only(namespace(train_accumulated=wrong), "test_train_accumulated_memory", TRAIN_IDS, message)
 
 
 # --- the same checks through the sandbox, as at autograde ------------------------------------------

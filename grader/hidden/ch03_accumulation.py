@@ -18,10 +18,17 @@ accumulate_gradients:
   the whole batch therefore raises, and the gradient of ``pos`` (rows summed over the micro-batches
   ``inputs[0:m]``, ``inputs[m:2m]``, ...) must be that of exactly those slices: it is compared with the
   judge's own, computed with the right weights and with each known wrong weighting (a weighting
-  mistake costs the values cell, not this one). Then, read from outside the student's process
-  (``grader.resources.Meter``), the memory one call on 1,024 samples of a wide MLP reaches: about one
-  micro-batch's activations; summing the micro-batch losses before one ``backward()`` keeps every
-  graph alive at once (16 times the allowance here).
+  mistake costs the values cell, not this one). Then the point is decided from outside the student's
+  process (``grader.resources.Meter``): one call on a Linear(16, 16384)-Tanh-Linear(16384, 1) MLP, the
+  batch (768 to 1000 samples), the micro-batch size (8 to 24) and every seed drawn at grading time, the
+  model and the batch the judge's own (booked at their known size). What the process reaches during the
+  call must stay under a quarter of the whole batch's activations (one micro-batch's are 1/32 to 1/125
+  of them; summing the micro-batch losses before one ``backward()`` keeps them all, about 4 times the
+  allowance, and no ballast can hide more than 5 MiB of it), and the gradients that very call leaves in
+  the judge's model must be the judge's float64 full-batch gradient on the same seeded batch (or that of
+  a known weighting mistake, which the values cell grades), so code that behaves differently when it is
+  measured fails where it does. The wide model uses Tanh, whose gradient has no jump: float32 and
+  float64 agree on every sample.
 - loss: a 0-dim tensor, detached, equal to the full-batch mean loss (sums, plain averages and B times
   the mean are named).
 - edge cases: micro_batch_size >= B (one forward of the whole batch), and ``ValueError`` for 0, -3 and
@@ -34,7 +41,14 @@ train_accumulated:
   mistakes (never zeroing, zeroing per micro-batch, stepping per micro-batch, no effective step) to
   name the one that was made.
 - memory: one step on a ``probes.ch03_MicroBatchModel``: the batch must go through micro-batches of
-  ``micro_batch_size`` (exactly the slices: the updated ``pos`` shows it).
+  ``micro_batch_size`` (exactly the slices: the updated ``pos`` shows it). Then, decided from outside the
+  process as for ``accumulate_gradients``: one step (``torch.optim.SGD``, lr 0.02, no momentum) on the
+  wide MLP with its first layer scaled down (so that every known wrong loop stays stable and
+  distinguishable), batch, micro-batch size and seeds drawn at grading time; the process must stay under
+  a quarter of the whole batch's activations during the call, and each parameter's update by that very
+  step must be the judge's (or that of a known wrong loop on the right micro-batches, which the values
+  cell grades) to a thousandth of its largest entry plus float32 rounding. ``probes.ch03_prime`` runs the
+  optimizer once before any student code, so that its lazily loaded code is not read as the student's.
 - edge cases: a loader that runs out starts again (a list, and ``probes.ch03_Batches``, a re-iterable
   without ``len`` or indexing, like a ``DataLoader``); the losses are Python floats; ``steps=0`` returns
   ``[]`` and changes nothing; an empty loader raises ``ValueError``.
@@ -46,10 +60,10 @@ import copy
 import torch
 from torch import nn
 
-from coursekit.checks import check_close, same_close
+from coursekit.checks import check_close, same_close, same_values
 from grader import probes
 from grader.api import fetch, hidden_test
-from grader.resources import Meter, fresh_tensor, mib
+from grader.resources import Meter, draw, fresh_tensor, mib, new_seed, seeded
 from grader.sandbox.rpc import StudentError
 
 B, D_IN, D_OUT = 37, 13, 7
@@ -144,11 +158,16 @@ def _weighted(model: nn.Module, loss_fn, x, y, chunks: list[tuple[int, int, floa
     differentiated in float64."""
     m = copy.deepcopy(model).double()
     names = [n for n, p in m.named_parameters() if p.requires_grad]
+    params = [p for p in m.parameters() if p.requires_grad]
     x = x.double()
     y = y if y.dtype == torch.long else y.double()
-    loss = sum(w * loss_fn(m(x[a:b]), y[a:b]) for a, b, w in chunks)
-    grads = torch.autograd.grad(loss, [p for p in m.parameters() if p.requires_grad])
-    return {n: g.float() for n, g in zip(names, grads)}, float(loss.detach())
+    grads, value = [torch.zeros_like(p) for p in params], 0.0
+    for a, b, w in chunks:  # one graph at a time: the sum of the weighted losses' gradients
+        loss = w * loss_fn(m(x[a:b]), y[a:b])
+        for g, d in zip(grads, torch.autograd.grad(loss, params)):
+            g.add_(d)
+        value += float(loss.detach())
+    return {n: g.float() for n, g in zip(names, grads)}, value
 
 
 def _mistakes(n: int, m: int) -> dict[str, list[tuple[int, int, float]]]:
@@ -230,33 +249,93 @@ def check_accumulate_gradients(nb):
         _check_gradients(nb, kind, loss_fn, m, seed)
 
 
-WIDE_IN, WIDE, WIDE_BATCH, WIDE_MICRO = 16, 16384, 1024, 16  # 64 KiB of ReLU output per sample
+# The memory cells' measured calls: a batch of WIDE_BATCH samples and micro-batches of WIDE_MICRO, both drawn at
+# grading time in these ranges, through a Linear(16, 16384)-Tanh-Linear(16384, 1) MLP (64 KiB of Tanh output per
+# sample: 48 to 62.5 MiB for the whole batch, 0.5 to 1.5 MiB for one micro-batch). Tanh, not ReLU: its gradient has
+# no jump, so float32 and the judge's float64 agree to rounding on every sample.
+WIDE_IN, WIDE, WIDE_BATCH, WIDE_MICRO = 16, 16384, (768, 1000), (8, 24)
+# train_accumulated's measured step: plain SGD on the MLP with its first layer scaled down (small hidden values), so
+# that even one step per micro-batch stays stable and every known wrong loop can be told from the others.
+WIDE_LR, WIDE_TRAIN_SCALE = 0.02, 0.05
+STEP_TOL = 1e-3  # a parameter's update may differ from the reference's by this fraction of its largest entry
 
 
-def _wide_model(width: int) -> nn.Sequential:
+def _wide_model(width: int, seed: int = 7, scale: float = 1.0) -> nn.Sequential:
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(7)
-        return nn.Sequential(nn.Linear(WIDE_IN, width), nn.ReLU(), nn.Linear(width, 1))
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(WIDE_IN, width), nn.Tanh(), nn.Linear(width, 1))
+    with torch.no_grad():
+        model[0].weight.mul_(scale)
+        model[0].bias.mul_(scale)
+    return model
 
 
-def _check_peak(nb, meter: Meter) -> None:
-    """One call on a batch whose activations are 64 MiB (one micro-batch's: 1 MiB), read from outside."""
-    n, m = WIDE_BATCH, WIDE_MICRO
-    model = meter.put(_wide_model(WIDE))
-    # Warm-up on every code path: the first call loads code pages.
-    nb.accumulate_gradients(nb.put(_wide_model(64)), nn.MSELoss(), fresh_tensor(nb, (40, WIDE_IN), requires_grad=False),
-                            fresh_tensor(nb, (40, 1), requires_grad=False), 8)
-    held, _ = meter.held_by(lambda x, y: nb.accumulate_gradients(model, nn.MSELoss(), x, y, m),
-                            inputs=lambda: [meter.tensor((n, WIDE_IN), requires_grad=False),
-                                            meter.tensor((n, 1), requires_grad=False)])
-    full, micro = n * WIDE * 4, m * WIDE * 4  # the ReLU outputs kept for backward
+def _wide_case() -> dict:
+    """The measured call's sizes and seeds, drawn now."""
+    return {"n": draw(*WIDE_BATCH), "m": draw(*WIDE_MICRO), "model_seed": new_seed(), "x_seed": new_seed(),
+            "y_seed": new_seed()}
+
+
+def _wide_inputs(meter: Meter, case: dict) -> list:
+    """The measured call's batch, made in the student's process from the drawn seeds (booked)."""
+    return [meter.tensor((case["n"], WIDE_IN), requires_grad=False, seed=case["x_seed"]),
+            meter.tensor((case["n"], 1), requires_grad=False, seed=case["y_seed"])]
+
+
+def _wide_data(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same batch, made here."""
+    return seeded((case["n"], WIDE_IN), seed=case["x_seed"]), seeded((case["n"], 1), seed=case["y_seed"])
+
+
+def _wide_what(fn: str, case: dict) -> str:
+    return (f"{fn} on {case['n']} samples of a Linear({WIDE_IN}, {WIDE})-Tanh-Linear({WIDE}, 1) MLP with "
+            f"micro_batch_size={case['m']} (sizes drawn at grading time)")
+
+
+def _check_peak_bound(held, case: dict, what: str, hint: str = BACKWARD_HINT) -> None:
+    """The most the process held during the measured call, read from outside it: a quarter of the whole batch's
+    activations at most."""
+    n, m = case["n"], case["m"]
+    full, micro = n * WIDE * 4, m * WIDE * 4  # the Tanh outputs kept for backward
     limit = full // 4
     if held.peak > limit:
         raise AssertionError(
-            f"accumulate_gradients on {n} samples of a Linear({WIDE_IN}, {WIDE})-ReLU-Linear({WIDE}, 1) MLP with "
-            f"micro_batch_size={m}: while it ran, your process grew by {mib(held.peak)} (read from outside your "
-            f"process); one micro-batch's activations are {mib(micro)}, the whole batch's {mib(full)}, and at most "
-            f"{mib(limit)} is allowed. {BACKWARD_HINT}")
+            f"{what}: while it ran, your process grew by {mib(held.peak)} (read from outside your process); one "
+            f"micro-batch's activations are {mib(micro)}, the whole batch's {mib(full)}, and at most {mib(limit)} "
+            f"is allowed. {hint}")
+
+
+def _check_peak(nb, meter: Meter) -> None:
+    """One call on a batch whose activations are 48 to 62.5 MiB (one micro-batch's: 0.5 to 1.5 MiB), read from
+    outside; the gradients it leaves in the judge's model are checked against the judge's own."""
+    case = _wide_case()
+    n, m = case["n"], case["m"]
+    model = _wide_model(WIDE, case["model_seed"])
+    sent = meter.put((model, list(model.parameters())))  # one message: the tensors are the model's own
+    # Warm-up on every code path: the first call loads code pages.
+    nb.accumulate_gradients(nb.put(_wide_model(64)), nn.MSELoss(), fresh_tensor(nb, (40, WIDE_IN), requires_grad=False),
+                            fresh_tensor(nb, (40, 1), requires_grad=False), 8)
+    held, _ = meter.held_by(lambda x, y: nb.accumulate_gradients(sent[0], nn.MSELoss(), x, y, m),
+                            inputs=lambda: _wide_inputs(meter, case))
+    what = _wide_what("accumulate_gradients", case)
+    _check_peak_bound(held, case, what)
+    # The values of that very call: the gradients of the judge's model, the right ones or those of a known
+    # weighting mistake (the values cell grades the weights; this one, that the call did the work it measured).
+    got = {name: row["grad"] for name, row in _read(nb, model, sent[1]).items()}
+    x, y = _wide_data(case)
+    ref, _ = _weighted(model, nn.MSELoss(), x, y, _chunks(n, m))
+    if _matches(got, ref) or any(_matches(got, _weighted(model, nn.MSELoss(), x, y, chunks)[0])
+                                 for chunks in _mistakes(n, m).values()):
+        return
+    for name in ref:
+        if got.get(name) is None:
+            raise AssertionError(f"{what}: the trainable parameter {name} has no .grad after that call: the call whose "
+                                 "memory is measured must compute the full-batch gradient like any other; call "
+                                 "backward() on every micro-batch's weighted loss, through the model you are given")
+        check_close(got[name], ref[name], f"{what}: the gradient of {name} after that call",
+                    "the call whose memory is measured must compute the full-batch gradient like any other: "
+                    f"{SPLIT_HINT}, and call backward() on each one's weighted loss", **TOL)
+    raise AssertionError(f"{what}: the gradients after that call are not those of the micro-batches. {SPLIT_HINT}")
 
 
 @hidden_test("test_accumulate_gradients_memory")
@@ -370,19 +449,22 @@ def _simulate(model, loss_fn, loader, steps: int, lr: float, momentum: float, mi
                 loss = loss_fn(m(x[a:b]), y[a:b]) * (w if mistake.endswith("weighted") else 1.0)
                 step(torch.autograd.grad(loss, params))
             continue
-        loss = sum(w * loss_fn(m(x[a:b]), y[a:b]) for a, b, w in chunks)
+        grads, loss = [torch.zeros_like(p) for p in params], 0.0
+        for a, b, w in chunks:  # one graph at a time: the sum of the weighted losses' gradients
+            mean = loss_fn(m(x[a:b]), y[a:b])
+            for g, d in zip(grads, torch.autograd.grad(w * mean, params)):
+                g.add_(d)
+            loss += w * float(mean.detach())
         if mistake in ("zero_per_micro", "zero_per_micro_unweighted"):
             a, b, w = chunks[-1]
             last = loss_fn(m(x[a:b]), y[a:b]) * (1.0 if mistake.endswith("unweighted") else w)
             grads = torch.autograd.grad(last, params)
-        else:
-            grads = torch.autograd.grad(loss, params)
         if mistake == "no_zero":
             summed = [s + g for s, g in zip(summed, grads)]
             grads = summed
         if mistake != "no_step":
             step(grads)
-        losses.append(float(loss.detach()))
+        losses.append(loss)
     return m.float(), losses
 
 
@@ -477,6 +559,7 @@ def check_train_accumulated(nb):
 
 @hidden_test("test_train_accumulated_memory")
 def check_train_accumulated_memory(nb):
+    meter = Meter(nb)  # first: nothing the student's code holds goes unaccounted
     for kind, loss_fn, n, m, lr, momentum, seed in [("mlp", nn.MSELoss(), B, 8, 0.1, 0.0, 41),
                                                     ("frozen", nn.CrossEntropyLoss(), 29, 10, 0.2, 0.9, 42)]:
         model = _model(kind, seed, m)
@@ -506,6 +589,58 @@ def check_train_accumulated_memory(nb):
                     f"together: pass micro_batch_size on to accumulate_gradients; {SPLIT_HINT}", **TOL)
         raise AssertionError(f"{what}: the parameters after the step are not those of micro-batches inputs[0:{m}], "
                              f"inputs[{m}:{2 * m}], ... {SPLIT_HINT}")
+    _check_train_peak(nb, meter)
+
+
+def _check_train_peak(nb, meter: Meter) -> None:
+    """One step on a batch whose activations are 48 to 62.5 MiB, read from outside; the parameters it leaves in the
+    judge's model are checked against the judge's own step."""
+    case = _wide_case()
+    n, m = case["n"], case["m"]
+    model = _wide_model(WIDE, case["model_seed"], WIDE_TRAIN_SCALE)
+    copied = copy.deepcopy(model)
+    opt = torch.optim.SGD(copied.parameters(), lr=WIDE_LR)
+    sent = meter.put((copied, opt, list(copied.parameters())))  # one message: the optimizer's are the model's
+    # Warm-up on every code path: the first call loads code pages.
+    small = _wide_model(64)
+    warm = nb.put((small, torch.optim.SGD(small.parameters(), lr=WIDE_LR)))
+    nb.train_accumulated(warm[0], warm[1], nn.MSELoss(), [(fresh_tensor(nb, (40, WIDE_IN), requires_grad=False),
+                                                           fresh_tensor(nb, (40, 1), requires_grad=False))], 8, 1)
+    del warm
+    held, _ = meter.held_by(lambda x, y: nb.train_accumulated(sent[0], sent[1], nn.MSELoss(), [(x, y)], m, 1),
+                            inputs=lambda: _wide_inputs(meter, case))
+    what = _wide_what(f"train_accumulated (one step, SGD(lr={WIDE_LR}))", case)
+    _check_peak_bound(held, case, what, "each batch goes through micro-batches of micro_batch_size, one backward() "
+                      "per micro-batch (accumulate_gradients), never through one forward of the whole batch")
+    # The values of that very step: the parameters of the judge's model after it, those of the right loop or of
+    # a known wrong one on the right micro-batches (the values cell grades the loop).
+    table = _read(nb, model, sent[2])
+    start = dict(model.named_parameters())
+    if all(same_values(table[k]["value"], p.detach()) for k, p in start.items()):
+        raise AssertionError(f"{what}: no parameter changed. {NO_STEP_HINT}")
+
+    def update(params, k) -> torch.Tensor:
+        return params[k].detach().double() - start[k].detach().double()
+
+    def tol(params, k) -> float:  # a fraction of the largest update, and float32 rounding of the parameter
+        return STEP_TOL * float(update(params, k).abs().max()) + 2e-7 * float(start[k].detach().abs().max())
+
+    def same(params) -> bool:  # the same update as ``params``', up to float32 rounding
+        return all(same_close(update(got, k), update(params, k), atol=tol(params, k), rtol=0) for k in start)
+
+    got = {k: row["value"] for k, row in table.items()}
+    loader = [_wide_data(case)]
+    ref = dict(_simulate(model, nn.MSELoss(), loader, 1, WIDE_LR, 0.0, m)[0].named_parameters())
+    if same(ref) or any(same(dict(_simulate(model, nn.MSELoss(), loader, 1, WIDE_LR, 0.0, m, mistake)[0]
+                                  .named_parameters())) for mistake in TRAIN_MISTAKES if mistake != "no_step"):
+        return
+    for k in start:
+        check_close(update(got, k), update(ref, k), f"{what}: the update of parameter {k} by the step",
+                    "the step whose memory is measured must train like any other: per batch, zero the gradients "
+                    "once, accumulate_gradients over its micro-batches, then optimizer.step()",
+                    atol=tol(ref, k), rtol=0)
+    raise AssertionError(f"{what}: the parameters after the step are not those of one SGD step on the micro-batches "
+                         f"inputs[0:{m}], inputs[{m}:{2 * m}], ... {SPLIT_HINT}")
 
 
 @hidden_test("test_train_accumulated_edge_cases")

@@ -43,3 +43,42 @@ class ch03_Batches:
 
     def __iter__(self):
         return iter(list(self.batches))
+
+
+def ch03_prime() -> None:
+    """Prime a worker of this chapter before any student code runs (``grader.sandbox.judge.primes_of``): a model,
+    a micro-batch model and SGD optimizers with and without momentum sent as the judge's are (pickled), a few
+    accumulated micro-batches and optimizer steps on them, so that the first run's lazily loaded code, copies of
+    shared pages and caches are not read as the student's memory by the memory cells."""
+    import copy
+    import io
+    import pickle
+
+    def mlp() -> nn.Sequential:
+        return nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 1))
+
+    wrapped = ch03_MicroBatchModel(nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.LayerNorm(8), nn.Linear(8, 3)),
+                                   4, 16, seed=0)
+    plain = mlp()
+    sent = pickle.load(io.BytesIO(pickle.dumps(
+        (plain, torch.optim.SGD(plain.parameters(), lr=0.1), list(plain.parameters()),
+         wrapped, torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9), nn.MSELoss(), nn.CrossEntropyLoss(),
+         torch.zeros((), requires_grad=True)))))
+    model, opt, _, micro_model, micro_opt, mse, cross_entropy, leaf = sent
+    x = torch.randn(10, 16) + leaf.detach()
+    for net, optimizer, loss_fn, y in ((model, opt, mse, torch.randn(10, 1)),
+                                       (micro_model, micro_opt, cross_entropy, torch.randint(0, 3, (10,))),
+                                       (copy.deepcopy(model).double(), None, mse, torch.randn(10, 1))):
+        for _ in range(2):
+            if optimizer is not None:
+                optimizer.zero_grad()
+            total = torch.zeros(())
+            for a in range(0, 10, 4):
+                xb = x[a:a + 4].to(next(net.parameters()).dtype)
+                yb = y[a:a + 4] if y.dtype == torch.long else y[a:a + 4].to(xb.dtype)
+                loss = loss_fn(net(xb), yb) * (xb.shape[0] / 10)
+                loss.backward()
+                total = total + loss.detach().float()
+            if optimizer is not None:
+                optimizer.step()
+            float(total)
