@@ -154,9 +154,11 @@ def set_trainable(model, mode):
     Raises:
         ValueError: for any other mode; the message lists the four valid modes.
 
-    Graded on, one cell per property. The modes: four models (the default ``TransferCNN``, two others of 3
-    and 5 blocks with other widths, strides and class counts, and one whose blocks are anonymous
-    ``nn.Sequential(nn.Conv2d, nn.BatchNorm2d, nn.ReLU)``, one convolution without bias), each through seven
+    Graded on, one cell per property. The modes: five models (the default ``TransferCNN``, two others of 3
+    and 5 blocks with other widths, strides and class counts, one whose blocks are anonymous
+    ``nn.Sequential(nn.Conv2d, nn.BatchNorm2d, nn.ReLU)``, one convolution without bias, and a ``TransferCNN``
+    whose depth (2 to 5 blocks), widths (3 to 24), strides (1 or 2) and class count (2 to 9) are drawn at
+    grading time), each through seven
     calls in a row that cycle through the modes. What trains is read off the model's own parameter tensors
     and confirmed by one backward pass the grader drives: change only ``requires_grad`` (adding, replacing
     or removing a parameter fails). Also the returned ``int``. The errors: the ValueError and its message
@@ -351,8 +353,9 @@ def pack_bits(mask):
         ValueError: if ``mask`` is not a bool tensor.
 
     Graded on, one cell per property: the exact bytes for random masks of 1, 7, 8, 9, 61 and 1000 elements
-    and of shapes (3, 5, 7), (2, 1, 4, 4) and (37, 53), for 61 True values and for 9 elements with a single
-    True (element 0, 7 or 8), with the dtype and the flat shape; the ValueError for float, uint8 and int64
+    and of shapes (3, 5, 7), (2, 1, 4, 4) and (37, 53), for 61 True values, for 9 elements with a single
+    True (element 0, 7 or 8) and for a random mask whose shape (up to 64 × 64) is drawn at grading time,
+    with the dtype and the flat shape; the ValueError for float, uint8 and int64
     tensors. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
@@ -407,7 +410,8 @@ def unpack_bits(packed, numel):
     Raises:
         ValueError: if ``packed`` is not uint8 or holds fewer than ``numel`` bits.
 
-    Graded on: the masks ``pack_bits`` is graded on (1 to 37 × 53 elements) and 61 False values, packed with
+    Graded on: the masks ``pack_bits`` is graded on (1 to 37 × 53 elements, and one whose shape is drawn at
+    grading time) and 61 False values, packed with
     every unused bit of the last byte set to 1; the dtype, the shape ``(numel,)`` and every element; the
     ValueError for int64 and float buffers and for buffers holding fewer than numel bits (17 elements asked
     of two bytes, 1 of none). Each graded cell may use 60 s and 4 GiB.
@@ -469,15 +473,19 @@ def relu_1bit(x):
         ``ctx.save_for_backward``: ``pack_bits(x > 0)``, ``ceil(n / 8)`` bytes; the gradient is
         that of ``torch.relu`` (``grad * (x > 0)``, so 0 where ``x == 0``).
 
-    Graded on, one cell per property, float32 and float64 inputs of shapes (1,), (7,), (61,), (1000,),
-    (37, 53), (2, 3, 5, 7) and (4, 16, 8, 8) holding exact zeros of both signs. Values: the output (dtype
+    Graded on, one cell per property. Values: float32 and float64 inputs of shapes (1,), (7,), (61,),
+    (1000,), (37, 53), (2, 3, 5, 7) and (4, 16, 8, 8) holding exact zeros of both signs; the output (dtype
     included) and the gradient must equal ``torch.relu``'s exactly, and the output must be attached to the
-    graph. Memory: exactly the packed mask is saved (nothing in floating point), and the gradient must not
-    change when x and the output are overwritten in place between forward and backward (backward may use
-    only the saved mask). On 2^24 float32 elements, what your process holds between forward and backward,
-    with input and output released, is read from outside it: at most the packed mask, with 1 MiB of slack;
-    hold nothing once the cell has run or between calls. As in section 4, the course's kernels.ch05_tinytl
-    is refused. Each graded cell may use 60 s and 4 GiB.
+    graph. Memory, decided from outside your process: one call on a 2-D float32 input of 12 × 2^20 to
+    15 × 2^20 elements (the last dimension 1024 to 4096), its shape and values drawn at grading time;
+    between forward and backward, with the input and output released, your process may hold at most the
+    packed mask, with 1 MiB of slack; that very call's output (at entries drawn at grading time, and each
+    row summed with weights drawn at grading time) must be ``torch.relu``'s, and so must its gradient (at
+    those entries, and per row); hold nothing once the cell has run or between calls. Also in that cell,
+    on the small inputs above: the gradient must not change when x and the output are overwritten in place
+    between forward and backward (backward may use only the saved mask). What your process saves, counted
+    inside it, only explains a failed reading. As in section 4, the course's
+    kernels.ch05_tinytl is refused. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     class ReLU1bitFunction(torch.autograd.Function):

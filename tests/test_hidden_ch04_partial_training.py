@@ -332,13 +332,20 @@ def test_unpack_bits_rejects(wrong, message):
     (make_relu(save="output"), "test_relu_1bit_memory", "torch.relu keeps"),
     (make_relu(save="packed+output"), "test_relu_1bit_memory", "torch.relu keeps"),
     (make_relu(save="bool"), "test_relu_1bit_memory", "a byte per element"),
-    (make_relu(save="nothing", attr="packed"), "test_relu_1bit_memory", "hides it from autograd's saved-tensor hooks"),
     (make_relu(attr="x"), "test_relu_1bit_memory", "not x or the output kept some other way"),
     (make_relu(mask_ge=True), "test_relu_1bit", "not x >= 0"),
 ])
 def test_relu_1bit_rejects(wrong, grade_id, message):
     with pytest.raises(AssertionError, match=message):
         CHECKS[grade_id](namespace(relu_1bit=wrong))
+
+
+def test_relu_1bit_packed_mask_on_ctx_passes():
+    """Only the packed mask kept, as a ctx attribute rather than through ctx.save_for_backward: saved-tensor hooks
+    in the process do not see it, but the memory is read from outside and the values are right, so it passes."""
+    ns = namespace(relu_1bit=make_relu(save="nothing", attr="packed"))
+    for grade_id in RELU_IDS:
+        CHECKS[grade_id](ns)
 
 
 @pytest.mark.parametrize("wrong, grade_id, message", [
@@ -348,6 +355,56 @@ def test_relu_1bit_rejects(wrong, grade_id, message):
 ])
 def test_relu_1bit_mistake_fails_only_its_cell(wrong, grade_id, message):
     _fails_only(namespace(relu_1bit=wrong), grade_id, RELU_IDS, message)
+
+
+def relu_by_size(large, small=relu_ok, at=100_000):
+    """``large`` on inputs of at least ``at`` elements, ``small`` on the others."""
+    def relu(x):
+        return large(x) if x.numel() >= at else small(x)
+    return relu
+
+
+class _PassThrough(torch.autograd.Function):
+    """Saves nothing and lets the gradient through unmasked: wrong values, nothing held."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.relu(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.clone()
+
+
+class _FlippedBits(torch.autograd.Function):
+    """The packed mask, but every 1000th bit read back flipped: a few wrong gradient entries."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.shape = x.shape
+        ctx.save_for_backward(pack_ok(x > 0))
+        return torch.relu(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (packed,) = ctx.saved_tensors
+        keep = unpack_ok(packed, g.numel()).clone()
+        keep[::1000] = ~keep[::1000]
+        return g * keep.view(ctx.shape)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    # honest at the size the text once documented (2^24 elements), an fp32 copy as a ctx attribute elsewhere
+    (relu_by_size(relu_ok, make_relu(attr="x"), at=1 << 24), "torch.relu keeps|not x or the output"),
+    (relu_by_size(make_relu(attr="x")), "kept some other way"),
+    (relu_by_size(make_relu(save="bool")), "a bool mask .* exactly the packed mask"),
+    (relu_by_size(_PassThrough.apply), "the gradient of relu_1bit .* differs"),
+    (relu_by_size(_FlippedBits.apply), "a single wrong mask bit shows.* differs"),
+    (relu_by_size(lambda x: torch.relu(x).detach().requires_grad_()), "kept some other way|should be a tensor"),
+])
+def test_relu_1bit_measured_call_fails_only_memory(wrong, message):
+    """The measured call's size is drawn at grading time from the stated range, and its values are checked."""
+    _fails_only(namespace(relu_1bit=wrong), "test_relu_1bit_memory", RELU_IDS, message)
 
 
 def test_wrong_unpack_breaks_an_otherwise_correct_relu():

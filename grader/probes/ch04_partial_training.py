@@ -6,8 +6,10 @@ from typing import Callable
 import torch
 
 from coursekit.measure import saved_tensors
+from grader.probes import in_process
 
 
+@in_process(explains=("activation_bytes", "saved"))
 def ch04_saved_run(fn: Callable, x: torch.Tensor, grad_out: torch.Tensor, overwrite: bool = False) -> dict:
     """Run ``y = fn(x)`` on a leaf copy of ``x`` that requires grad, recording every storage autograd
     saves; then back-propagate ``grad_out``. With ``overwrite``, the values of ``x`` and ``y`` are
