@@ -7,7 +7,6 @@
 #     checkpoints: [transfer_cnn_digits, transfer_mobilenet_digits]
 #     prose_numbers:  # phrases whose numbers are definitions or quoted figures (tests/test_prose_numbers.py)
 #       - 'Each graded cell may use 60 s and 4 GiB'  # the grader's limits per graded cell
-#       - 'with 8 KiB of slack'
 #       - 'with 1 MiB of slack'
 #       - 'with 2 MiB of slack'  # memory checks' allowances
 #       - 'a ReLU that keeps 32× less'
@@ -269,10 +268,12 @@ class LiteResidual(nn.Module):
     at init in train and eval mode, a nonzero gradient of the final γ at init, the parameter shapes and
     order; then, with random values in both norms' γ and β, the train-mode output and the gradients of the
     input and of every parameter against a float64 reference that the grader builds from your parameters by
-    the steps above. Memory: on a (4, 16, 16, 16) input the bytes saved for backward may be at most those of
-    four tensors of the pooled size, with 8 KiB of slack; on a (256, 32, 32, 32) input with downsample 4,
-    what your process holds between forward and backward (read from outside it) may be at most six such
-    tensors, with 1 MiB of slack: no tensor at the input's full resolution may be kept. Hold nothing once the
+    the steps above. Memory, read from outside your process: a LiteResidual(32, 32, downsample=4) with
+    random values in every parameter, on a (B, 32, 32, 32) input with the batch B drawn at grading time
+    from 96 to 160: between forward and backward of a weighted sum of its output (the grader's weights
+    aside), your process may hold at most six tensors of the pooled size (B, 32, 8, 8), with 1 MiB of
+    slack: no tensor at the input's full resolution may be kept; that same call's weighted sum, a sample of
+    the output and the sum of the input gradient are compared with the reference. Hold nothing once the
     cell has run or between calls. Each graded cell may use 60 s and 4 GiB.
     """
 
@@ -393,12 +394,14 @@ def apply_tinytl(model):
     Graded on: the pretrained ``TransferCNN`` of this chapter (8 × 8 digits), with batches of 24 and 48
     images: the same model returned; the outputs at init in eval and train mode; the trainable set, every
     new parameter inside a ``LiteResidual`` and their number (the groups rule, the default kernel size);
-    exactly one ``LiteResidual`` call per block in a forward, on the block's input. Memory: outside the lite residuals a training step may save only the 1-bit ReLU masks
-    and the classifier's fp32 input, with 8 KiB of slack; on 1024 images, what your process holds between
-    forward and backward (read from outside it), less what ``LiteResidual`` modules built as above hold
-    alone on the same block inputs, may again be only the masks and that input, with 2 MiB of slack; hold
-    nothing once the cell has run or between calls. Six Adam steps (learning rate 1e-2) on one batch must
-    lower the loss by more than 0.05 and change every trainable parameter.
+    exactly one ``LiteResidual`` call per block in a forward, on the block's input. Memory, read from
+    outside your process: with the grader's own stand-in (exact zeros, nothing kept) in place of each of
+    your ``LiteResidual`` modules, a training forward on a batch of random images drawn at grading time
+    from 768 to 1536 may leave your process holding only the 1-bit ReLU masks, the classifier's fp32 input
+    and the output, with 2 MiB of slack; that same call's output and the sum of its input gradient are
+    compared with the pretrained model's (the lite residuals add zeros). Hold nothing once the cell has run
+    or between calls. Six Adam steps (learning rate 1e-2) on one batch must lower the loss by more than 0.05
+    and change every trainable parameter.
     Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION

@@ -211,6 +211,23 @@ def zero_scale_as_buffer():
     return LiteResidual
 
 
+def zeros_when_large(at_init_only=True):
+    """Right on small inputs; on large ones, zeros without computing anything (``at_init_only``: while γ is 0, as
+    at init, and the full-resolution F.avg_pool2d once γ moved): behaves differently where memory is measured."""
+    base, torch_pool = make_lite(), make_lite(pool="torch")
+
+    class LiteResidual(base):
+        def forward(self, x):
+            if x.numel() <= 1_000_000:
+                return super().forward(x)
+            if not at_init_only or not self.final_norm.weight.detach().any():
+                size = (-(-x.shape[2] // self.stride), -(-x.shape[3] // self.stride))
+                return x.new_zeros(x.shape[0], self.final_norm.num_features, *size)
+            return torch_pool.forward(self, x)
+
+    return LiteResidual
+
+
 # (wrong LiteResidual, the cell it fails, what its message says)
 WRONG_LITE_VARIANTS = [
     (make_lite(gamma=1.0), "test_LiteResidual", "not exactly zero"),
@@ -221,6 +238,8 @@ WRONG_LITE_VARIANTS = [
     (make_lite(norm="group"), "test_LiteResidual", "differs from the reference"),
     (zero_scale_as_buffer(), "test_LiteResidual", "received no gradient"),
     (make_lite(pool="torch"), "test_LiteResidual_memory", "full resolution"),
+    (zeros_when_large(), "test_LiteResidual_memory", "full resolution"),  # the memory case has random parameters
+    (zeros_when_large(at_init_only=False), "test_LiteResidual_memory", "on the call measured"),
     (make_lite(check=False), "test_LiteResidual_edge_cases", "should raise ValueError"),
     (make_lite(check="old"), "test_LiteResidual_edge_cases", r"in_channels=0 \(a channel count below 1\)"),
 ]
@@ -235,6 +254,7 @@ def test_lite_residual_rejects(wrong, grade_id, message):
 @pytest.mark.parametrize("wrong, grade_id", [
     (make_lite(gamma=1.0), "test_LiteResidual"),
     (make_lite(pool="torch"), "test_LiteResidual_memory"),
+    (zeros_when_large(at_init_only=False), "test_LiteResidual_memory"),
     (make_lite(check="old"), "test_LiteResidual_edge_cases"),
 ])
 def test_lite_residual_loses_only_its_property(wrong, grade_id):
@@ -243,6 +263,51 @@ def test_lite_residual_loses_only_its_property(wrong, grade_id):
     for other in LITE_IDS:
         if other != grade_id:
             CHECKS[other](ns)
+
+
+def inflated_alone():
+    """fp32 ReLU outputs in the first block, with lite residuals that keep two copies of their input when measured
+    alone on a large batch: a grader subtracting what the student's own LiteResidual keeps alone saw a lean main
+    branch."""
+    base = make_lite()
+
+    class LiteResidual(base):
+        def forward(self, x):
+            y = super().forward(x)
+            if not getattr(self, "inside", False) and x.shape[0] >= 256:
+                return y + torch.cat([x, x], 1).pow(2).sum() * 0
+            return y
+
+    def apply_tinytl(model):
+        make_apply(LiteResidual)(model)
+        model.blocks[0].main.act = nn.ReLU()
+        for m in model.modules():
+            m.inside = True
+        return model
+
+    return apply_tinytl
+
+
+def lite_outside_the_model():
+    """The lite residuals called through a list the model does not register, the same modules registered beside:
+    the grader's stand-in cannot take their place in the forward, and says so."""
+    Lite = make_lite()
+
+    class Beside2(nn.Module):
+        def __init__(self, main, side):
+            super().__init__()
+            self.main, self.decoy, self.hidden = main, side, [side]
+
+        def forward(self, x):
+            return self.main(x) + self.hidden[0](x)
+
+    def apply_tinytl(model):
+        make_apply(Lite)(model)
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = Beside2(block.main, block.side)
+        return model
+
+    return apply_tinytl
 
 
 # (wrong apply_tinytl, the cell it fails, what its message says)
@@ -257,6 +322,8 @@ WRONG_APPLY_VARIANTS = [
     (make_apply(kernel_size=3), "test_apply_tinytl", "groups rule"),  # not the default kernel
     (make_apply(one_bit=False), "test_apply_tinytl_memory", r"ReLU1bit\(\) \(relu_packed as a module\)"),
     (make_apply(freeze_weights=False), "test_apply_tinytl_memory", "keep every original weight frozen"),
+    (inflated_alone(), "test_apply_tinytl_memory", r"ReLU1bit\(\) \(relu_packed as a module\)"),
+    (lite_outside_the_model(), "test_apply_tinytl_memory", "a LiteResidual ran after the grader had put its stand-in"),
     (make_apply(detach=True), "test_apply_tinytl_trains", "never changed"),
 ]
 
@@ -270,6 +337,7 @@ def test_apply_tinytl_rejects(wrong, grade_id, message):
 @pytest.mark.parametrize("wrong, grade_id", [
     (make_apply(make_lite(gamma=1.0)), "test_apply_tinytl"),
     (make_apply(one_bit=False), "test_apply_tinytl_memory"),
+    (inflated_alone(), "test_apply_tinytl_memory"),
     (make_apply(detach=True), "test_apply_tinytl_trains"),
 ])
 def test_apply_tinytl_loses_only_its_property(wrong, grade_id):
