@@ -7,6 +7,9 @@
 #     checkpoints: [tinygpt_fibonacci]
 #     prose_numbers:  # phrases whose numbers are definitions or quoted figures (tests/test_prose_numbers.py)
 #       - 'Each graded cell may use 60 s and 4 GiB'  # the grader's limits per graded cell
+#       - 'plus 0.5 MiB of slack'
+#       - 'and another 0.5 MiB'
+#       - 'may keep at most 0.5 MiB'  # the memory cell's allowances
 #       - 'spend their 16 bits'
 #       - 'its memory cost: 4.5 bits per parameter'
 #       - 'integers in 16 bits'
@@ -1036,17 +1039,18 @@ class QLoRALinear(nn.Module):
     inputs of shape (2, 3, 37) and (5, 37). Values: the trainable parameters, their shapes and initialisation,
     the scaling; with a nonzero lora_B loaded with ``load_state_dict``, the output, the input gradient and the
     gradients of lora_A and lora_B against a float64 reference built on the NF4 weight, no gradient for
-    anything else. Errors (a cell of its own): rank 0, -1 and 2.5 raise ValueError, ranks 1 and 4 do not. Memory: after construction and after a forward and
-    backward pass the module may hold no floating tensor with as many values as the weight (parameters,
-    buffers and plain attributes of every submodule, inside lists, tuples and dicts too), and all it holds
-    besides lora_A, lora_B and the bias must fit in what ``nf4_quantize`` returns plus a little slack; with
-    lora_B = 0, output minus bias must stay within NF4's rounding of x @ base.weight.T (relative error below
-    0.25). On Linear(2048, 2048, bias=False) (rank 4, blocks of 64), with the base layer released, the memory
-    your process holds (read from outside it) may grow by no more than the packed codes and absmax plus a
-    sixteenth of the float weight's size, after construction and still after a forward and backward pass on a
-    (3, 2048) input (memory kept by earlier calls counts against it); your exercise cells, once run, must hold
-    next to nothing. bfloat16, autocast and the course's kernels.ch08_quantization are refused, as in every
-    exercise cell of this chapter. Each graded cell may use 60 s and 4 GiB.
+    anything else. Errors (a cell of its own): rank 0, -1 and 2.5 raise ValueError, ranks 1 and 4 do not.
+    Memory, read from outside your process: on a bias-free Linear whose in and out features are each drawn at
+    grading time from 3200 to 3456 (multiples of 128; rank 4, alpha 8.0, blocks of 64), with the base layer
+    released, what your process holds may grow after construction by no more than the packed codes and
+    absmax, lora_A and lora_B, plus 0.5 MiB of slack; after a forward and backward pass on a (3, in_features)
+    input, by no more than that plus the gradients of lora_A and lora_B and another 0.5 MiB (memory kept by
+    earlier calls counts against it: before the construction your code may keep at most 0.5 MiB). On that
+    pass, with lora_B = 0 and a base weight that NF4 stores exactly (every value a level times its block's
+    absmax), the weighted sum of the output and the sum of the input gradient are compared with those of
+    x @ base.weight.T. Your exercise cells, once run, must hold next to nothing. bfloat16, autocast and the
+    course's kernels.ch08_quantization are refused, as in every exercise cell of this chapter. Each graded
+    cell may use 60 s and 4 GiB.
     """
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, block_size: int = 64):
