@@ -21,8 +21,8 @@
 #       - '"41.7 → 7.3 ms (5.7×); 3× end to end"'
 #       - '"50–73% of A100 peak"'
 #       - 'the paper''s 20×'
-#       - '128 × N = 524,288 elements or more'  # the memory cells' rule: one block (128) times N = 4096
 #       - '(64 × N elements or more)'  # the visible memory tests' rule at blocks of 64
+#       - '4 × 128 × N float32 numbers'  # a row of tiles in the memory cells: 4 heads, a block of 128 rows, N keys
 #     mentioned:  # names an exercise's text uses that grading does not offer (tests/test_namespace.py)
 #       flash_attention_forward:
 #         nn: "torch's attention layers, refused"
@@ -136,14 +136,15 @@ def qkv(B=1, H=2, N=256, d=64, seed=0, requires_grad=False):
 
 
 class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor (in elements) that any operator produces."""
+    """Records the largest tensor (in elements) that any operator produces, and the operators that ran."""
 
     def __init__(self):
         super().__init__()
-        self.elements, self.shape = 0, None
+        self.elements, self.shape, self.ops = 0, None, set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        self.ops.add(func.overloadpacket.__name__)
         for t in out if isinstance(out, (tuple, list)) else [out]:
             if isinstance(t, torch.Tensor) and t.nelement() > self.elements:
                 self.elements, self.shape = t.nelement(), tuple(t.shape)
@@ -296,7 +297,8 @@ def flash_attention_forward(q, k, v, causal=False, block_q=32, block_k=32):
     float64 attention and must be finite. Each cell first calls the function at (B, H, N, d) = (1, 2, 128, 16),
     causal and not, with blocks of 32 and 16: there no torch operator may create a tensor of N² elements or
     more, whatever its shape (a view counts as the whole storage it views), and fused attention may not run;
-    either fails all three cells. The edge-case and memory cells count once the values cell passes.
+    either fails all three cells. Their o and lse are compared too: the non-causal call's in every cell, the
+    causal call's in the edge-case cell. The edge-case and memory cells count once the values cell passes.
       values: non-causal, N = 64 or 96, a multiple of both block sizes: one block covering everything, then
         several key blocks (blocks of 8 to 64, block_q above, equal to and below block_k), with inputs whose
         row maxima rise from key block to key block, so that a missing rescale shows.
@@ -305,11 +307,13 @@ def flash_attention_forward(q, k, v, causal=False, block_q=32, block_k=32):
         inputs (o and lse float64, to float64 precision) and float16 inputs (o float16, lse float32). Where
         there are several key blocks, each row's maximum lies in the first one it sees: the rescale is the
         values cell's.
-      memory: at (1, 1, 4096, 64), non-causal with blocks of 128, no N² tensor either, nor any tensor of
-        128 × N = 524,288 elements or more (a query block scored against all N keys at once: loop over the
-        key blocks inside each query block), and the process's memory may rise by less than a quarter of one
-        N × N float32 tensor while the call runs (read from outside it). Defining the function allocates
-        nothing, and a call keeps nothing for later calls (no caches).
+      memory: at (1, 4, N, 16), N drawn at grading time between 3072 and 4096 (a multiple of 128), non-causal
+        with blocks of 128: while the call runs, the process's memory (read from outside it) may rise by no
+        more than o and lse plus one and a half rows of tiles, a row of tiles being one query block's scores
+        against all N keys (4 × 128 × N float32 numbers). Scoring a query block against all keys at once, or
+        anything N × N, takes more: loop over the key blocks inside each query block. That call's o and lse
+        are compared on rows drawn at grading time. Defining the function allocates nothing, and a call keeps
+        nothing for later calls (no caches).
     Fused attention, torch's attention layers, NumPy and the course's kernels are refused. Each graded cell
     may use 60 s and 4 GiB.
     """
@@ -481,18 +485,21 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, block_q=32, bloc
     attention and a random do; dq, dk and dv are compared with float64 autograd and must be finite. Each cell
     first calls the function at (B, H, N, d) = (1, 2, 128, 16), causal and not, with blocks of 32 and 16: there
     no torch operator may create a tensor of N² elements or more, whatever its shape (a view counts as the
-    whole storage it views), and fused attention may not run; either fails all three cells. The edge-case and
-    memory cells count once the gradients cell passes.
+    whole storage it views), and fused attention may not run; either fails all three cells. Their gradients
+    are compared too: the non-causal call's in every cell, the causal call's in the edge-case cell. The
+    edge-case and memory cells count once the gradients cell passes.
       gradients: non-causal, N = 64 or 96, a multiple of both block sizes: one tile covering everything, then
         block_q above, equal to and below block_k.
       edge cases: N = 37, 70, 77 or 100 (ragged last blocks, one block larger than N); causal at N = 70, 77,
         96 and 100 with block_q above, equal to and below block_k; float64 inputs (float64 gradients, to
         float64 precision).
-      memory: at (1, 1, 4096, 64), non-causal with blocks of 128, no N² tensor either, nor any tensor of
-        128 × N = 524,288 elements or more (a key block against all N queries at once, or a query block
-        against all keys: work tile by tile), and the process's memory may rise by less than a quarter of
-        one N × N float32 tensor while the call runs (read from outside it). Defining the function allocates
-        nothing, and a call keeps nothing for later calls (no caches).
+      memory: at (1, 4, N, 16), N drawn at grading time between 3072 and 4096 (a multiple of 128), non-causal
+        with blocks of 128: while the call runs, the process's memory (read from outside it) may rise by no
+        more than dq, dk and dv plus one and a half rows of tiles (4 × 128 × N float32 numbers each). A key
+        block against all N queries at once, a query block against all keys, or anything N × N takes more:
+        work tile by tile. That call's dq (at query rows), dk and dv (at key rows) are compared on rows drawn
+        at grading time. Defining the function allocates nothing, and a call keeps nothing for later calls
+        (no caches).
     Fused attention, torch's attention layers, NumPy and the course's kernels are refused. Each graded cell
     may use 60 s and 4 GiB.
     """
@@ -615,11 +622,12 @@ class FlashAttention(torch.autograd.Function):
     to the autograd graph. The memory cell counts once the values cell passes.
       values: the output and the gradients reaching q, k and v are compared with float64 attention and
         autograd.
-      memory: what forward saves is counted by storage: four (B, H, N, d) tensors and one (B, H, N), all
-        float32, and nothing else; and once FlashAttention.apply(q, k, v, False, 64, 64) at (B, H, N, d) =
-        (1, 1, 4096, 64) has returned, the process (read from outside it, q, k and v held already) may hold
-        no more than o, lse and a quarter of one N × N float32 tensor beyond what it held before. Defining
-        the class allocates nothing, and a call keeps nothing for later calls.
+      memory: once FlashAttention.apply(q, k, v, False, 128, 128) at (B, H, N, d) = (1, 1, N, 64), N drawn at
+        grading time between 2048 and 3072 (a multiple of 128), has returned, the process (read from outside
+        it, q, k and v held already) may hold no more than o, lse and a quarter of one N × N float32 tensor
+        beyond what it held before; backward through that very o (the loss sum(o · w), w random) must then
+        give the right gradients: o and the gradients are compared on rows drawn at grading time. What
+        forward saves, counted inside your process, only explains a failed reading. Defining the class allocates nothing, and a call keeps nothing for later calls.
     Fused attention, torch's attention layers, NumPy and the course's kernels are refused. Each graded cell
     may use 60 s and 4 GiB.
     """
@@ -725,8 +733,13 @@ plt.show()
 # those scores with -inf afterwards gives the right numbers, but on a GPU the load itself touches
 # memory that is not the tensor's (garbage in the best case, an illegal-address crash in the
 # worst). Out-of-bounds accesses are graded: the grader checks the address of every lane of every
-# load and store the interpreter runs against the tensor it belongs to. Three graded cells: the
-# values, the memory rule and the bounds.
+# load and store the interpreter runs against the tensor it belongs to.
+#
+# **The kernel does the work.** The grader also checks, in every call, that your kernel is launched
+# once, that its loads read only $Q$, $K$ and $V$ and its stores write every element of the output
+# (it records which elements the interpreter's stores wrote), and that PyTorch does nothing around
+# the launch but allocate, view or copy tensors. Three graded cells: the values, the memory rule and
+# the bounds.
 #
 # The kernel is defined *inside* `flash_attention_triton` so that this cell defines one name; on a
 # GPU, Triton's cache compiles it once. Here it runs in Triton's interpreter, on NumPy, one program
@@ -740,15 +753,20 @@ def flash_attention_triton(q, k, v, causal=False):
     in Triton's interpreter on a CPU (blocks of 32 × 32).
 
     Graded in three cells, in the interpreter, on float32 inputs. In every call the kernel computes the
-    attention: no PyTorch matrix product, einsum, exp, softmax or logsumexp may run during the call, nor may
-    any torch operator create a tensor of N² elements or more; either fails the cell. The lanes of a load or
-    store outside the tensor it belongs to are never read or written (a load gives 0 there). The memory and
-    bounds cells count once the values cell passes.
+    attention: the call launches one kernel (launch_flash_forward does), whose loads read only q, k and v
+    and whose stores write every element of the o returned, and nothing else; around the launch PyTorch may
+    only allocate, view or copy tensors (empty, zeros, full and their _like and new_ forms, view, reshape,
+    contiguous, clone, to). A kernel breaking these rules, any other torch operator (arithmetic, a matrix
+    product, exp, a reduction, an in-place write) or one creating a tensor of N² elements or more fails the
+    cell. The lanes of a load or store outside the tensor it belongs to are never read or written (a load
+    gives 0 there). The memory and bounds cells count once the values cell passes.
       values: N = 70 or 100 (a ragged last key block) and d = 16 or 32, causal and not, including inputs whose
         row maxima rise from key block to key block; o is compared with float64 attention and must be finite.
-      memory: at (B, H, N, d) = (1, 1, 1024, 16), causal, the process's memory may rise by less than a quarter
-        of one N × N float32 tensor while the call runs (read from outside it). Defining the function
-        allocates nothing, and a call keeps nothing for later calls (no caches).
+      memory: at (B, H, N, d) = (1, 1, N, 16), causal, N drawn at grading time between 768 and 1024, the
+        process's memory may rise by less than one N × N float32 tensor while the call runs (read from outside
+        it), and that call's o is compared with float64 attention on rows drawn at grading time. The call is
+        not traced: its launch, loads and stores are checked, its torch operators are not. Defining the
+        function allocates nothing, and a call keeps nothing for later calls (no caches).
       bounds: at N = 70 and 100, d = 16 or 32, causal and not, every lane that the mask of a load, store or
         atomic leaves on must address an element inside the tensor it belongs to (one of the kernel's tensor
         arguments).
@@ -812,6 +830,9 @@ with LargestTensor() as big:
     o = flash_attention_triton(q, k, v, True)
 assert big.elements < 256 * 256, \
     f"an operator created a tensor of shape {big.shape}: the kernel keeps its tiles on chip, nothing is N × N"
+# Allocation, views and copies only (new_empty, set_ and copy_: the interpreter's own handling of the arguments).
+computed = big.ops - {"empty", "empty_like", "new_empty", "set_", "copy_", "zeros", "zeros_like", "view", "clone"}
+assert not computed, f"PyTorch ran {sorted(computed)} during the call: the attention is computed by your kernel"
 torch.testing.assert_close(o.double(), attention_naive(q.double(), k.double(), v.double(), True)[0],
                            atol=2e-5, rtol=1e-4, msg="causal: o differs from standard attention")
 print("visible checks passed")

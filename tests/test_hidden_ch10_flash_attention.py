@@ -6,7 +6,10 @@ one, padding to whole blocks with explicit masks, and a Triton kernel without bl
 wrong variant fails the cell of the property it gets wrong, with the hint of that property, and
 passes the other cells of its exercise that do not grade what it gets wrong (at autograde the further
 cells of an exercise count once its first passes, ``grader.api.gates``; in-kernel, as here, every check
-runs on its own).
+runs on its own). Every call that grades a rule (a gate, a memory reading) compares its values too, so a
+variant with wrong values (no rescale, no τ) also fails the memory cells here; at autograde they wait on
+the values cell anyway. Answers that compute only where nothing but values is read (naive below the gate's
+N = 128, zeros on the memory cells' long sequences, PyTorch around an idle Triton kernel) fail there.
 """
 import math
 
@@ -310,6 +313,117 @@ def make_triton(variant="ok"):
     return flash_attention_triton
 
 
+# --- answers that compute only where nothing but values is read ----------------------------------
+def _naive(q, k, v, causal):
+    s = q @ k.mT / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), NEG)
+    lse = s.logsumexp(-1)
+    return torch.exp(s - lse[..., None]) @ v, lse
+
+
+def forward_naive_below_gate(q, k, v, causal=False, block_q=32, block_k=32):
+    """Plain N × N attention below N = 128 (where values are compared), zeros from N = 128 on (the gate's
+    traced calls and the memory call, where a trace or the memory is read)."""
+    if q.shape[2] >= 128:
+        return torch.zeros_like(q), torch.zeros(q.shape[:3])
+    return _naive(q, k, v, causal)
+
+
+def forward_zeros_when_long(q, k, v, causal=False, block_q=32, block_k=32):
+    if q.shape[2] > LONG:
+        return torch.zeros_like(q), torch.zeros(q.shape[:3])
+    return make_forward()(q, k, v, causal, block_q, block_k)
+
+
+def backward_naive_below_gate(q, k, v, o, lse, do, causal=False, block_q=32, block_k=32):
+    if q.shape[2] >= 128:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    with torch.enable_grad():
+        return torch.autograd.grad(_naive(q, k, v, causal)[0], (q, k, v), do)
+
+
+def backward_zeros_when_long(q, k, v, o, lse, do, causal=False, block_q=32, block_k=32):
+    if q.shape[2] > LONG:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    return make_backward()(q, k, v, o, lse, do, causal, block_q, block_k)
+
+
+class FunctionSavingNothingWhenLong(torch.autograd.Function):
+    """Saves nothing for backward on long sequences (so the memory reading stays low) and gives zero
+    gradients there."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_q=32, block_k=32):
+        o, lse = make_forward()(q, k, v, causal, block_q, block_k)
+        if q.shape[2] <= LONG:
+            ctx.save_for_backward(q, k, v, o, lse)
+        ctx.args = (causal, block_q, block_k)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        if not ctx.saved_tensors:
+            return torch.zeros_like(do), torch.zeros_like(do), torch.zeros_like(do), None, None, None
+        return (*make_backward()(*ctx.saved_tensors, do, *ctx.args), None, None, None)
+
+
+def triton_rowwise_torch(q, k, v, causal=False):
+    """A kernel that does nothing, launched once; the attention computed by PyTorch one row at a time with
+    operators that are neither matrix products nor exp (mul, sum, pow, div)."""
+    @triton.jit
+    def kernel(o_ptr, N):
+        pass
+
+    B, H, N, d = q.shape
+    o = torch.empty_like(q)
+    kernel[(1,)](o, N)
+    for i in range(N):
+        s = (q[:, :, i, None, :] * k).sum(-1) / math.sqrt(d)
+        if causal:
+            s[..., i + 1:] = NEG
+        p = 2.0 ** ((s - s.amax(-1, keepdim=True)) * 1.4426950408889634)
+        o[:, :, i] = (p[..., None] * v).sum(-2) / p.sum(-1, keepdim=True)
+    return o
+
+
+def triton_copier(q, k, v, causal=False):
+    """The attention computed by PyTorch (row by row), then copied into o by a kernel that stores every
+    element: the kernel loads a tensor that is not q, k or v."""
+    @triton.jit
+    def copy(src_ptr, dst_ptr, numel, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < numel), mask=offs < numel)
+
+    B, H, N, d = q.shape
+    src = torch.empty_like(q)
+    for i in range(N):
+        s = (q[:, :, i, None, :] * k).sum(-1) / math.sqrt(d)
+        if causal:
+            s[..., i + 1:] = NEG
+        p = 2.0 ** ((s - s.amax(-1, keepdim=True)) * 1.4426950408889634)
+        src[:, :, i] = (p[..., None] * v).sum(-2) / p.sum(-1, keepdim=True)
+    o = torch.empty_like(q)
+    copy[(triton.cdiv(q.numel(), 1024),)](src, o, q.numel(), BLOCK=1024)
+    return o
+
+
+def triton_first_block_when_long(q, k, v, causal=False):
+    """On long sequences the kernel runs for the first query block only and PyTorch computes the other rows."""
+    if q.shape[2] <= LONG // 2:
+        return make_triton()(q, k, v, causal)
+    full = make_triton()(q[:, :, :32], k[:, :, :32], v[:, :, :32], causal)  # launched on 32 rows only
+    o = torch.empty_like(q)
+    o[:, :, :32] = full
+    for i in range(32, q.shape[2]):
+        s = (q[:, :, i, None, :] * k).sum(-1) / math.sqrt(q.shape[-1])
+        if causal:
+            s[..., i + 1:] = NEG
+        o[:, :, i] = (torch.softmax(s, -1)[..., None] * v).sum(-2)
+    return o
+
+
 def namespace(**overrides) -> LocalNamespace:
     ns = {"flash_attention_forward": make_forward(), "flash_attention_backward": make_backward(),
           "flash_attention_triton": make_triton()}
@@ -345,8 +459,8 @@ VALUES, EDGE, MEMORY = FORWARD_IDS
 
 
 @pytest.mark.parametrize("wrong, grade_id, message, passes", [
-    (make_forward(rescale=False), VALUES, "multiply what was accumulated", (EDGE, MEMORY)),
-    (forward_unnormalised, VALUES, "plain softmax attention", (MEMORY,)),
+    (make_forward(rescale=False), VALUES, "multiply what was accumulated", (EDGE,)),
+    (forward_unnormalised, VALUES, "plain softmax attention", ()),
     (make_forward(local_max=True), EDGE, "NaN", (VALUES,)),
     (forward_reversed, EDGE, "NaN", (VALUES,)),
     (make_forward(causal_shift=1), EDGE, r"keys 0\.\.i.*row i see key i \+ 1", (VALUES, MEMORY)),
@@ -377,7 +491,7 @@ B_VALUES, B_EDGE, B_MEMORY = BACKWARD_IDS
 
 
 @pytest.mark.parametrize("wrong, grade_id, message, passes", [
-    (make_backward(tau_in_grads=False), B_VALUES, "the factor τ is missing", (B_MEMORY,)),
+    (make_backward(tau_in_grads=False), B_VALUES, "the factor τ is missing", ()),
     (make_backward(delta="unnormalised"), B_VALUES, "normalised output", ()),
     (make_backward(delta="zero"), B_VALUES, "D = rowsum.*is missing", ()),
     (make_backward(causal_shift=1), B_EDGE, r"P_ij = 0 for keys j > i.*key i \+ 1", (B_VALUES, B_MEMORY)),
@@ -404,15 +518,13 @@ F_VALUES, F_MEMORY = FUNCTION_IDS
 
 @pytest.mark.parametrize("wrong, grade_id, message, passes", [
     (make_function(make_forward(), make_backward(), save="probabilities"), F_MEMORY,
-     "exactly q, k, v, o and lse", (F_VALUES,)),
-    (make_function(make_forward(), make_backward(), save="no_lse"), F_MEMORY, "exactly q, k, v, o and lse",
-     (F_VALUES,)),
+     "read from outside your process.*Inside your process.*bytes were saved for backward", (F_VALUES,)),
     (make_function(make_forward(), make_backward(), save="stash"), F_MEMORY, "read from outside your process",
      (F_VALUES,)),
     (make_function(make_forward(), make_backward(tau_in_grads=False)), F_VALUES,
-     "the gradient of q.*same causal flag", (F_MEMORY,)),
+     "the gradient of q.*same causal flag", ()),
     (FunctionIgnoringCausal, F_VALUES, "same causal flag", (F_MEMORY,)),
-], ids=["saves_p", "no_lse", "stashes_p_on_ctx", "own_wrong_backward", "ignores_causal"])
+], ids=["saves_p", "stashes_p_on_ctx", "own_wrong_backward", "ignores_causal"])
 def test_function_fails_its_property_only(wrong, grade_id, message, passes):
     ns = namespace(FlashAttention=wrong)
     _fails(grade_id, ns, message)
@@ -420,13 +532,22 @@ def test_function_fails_its_property_only(wrong, grade_id, message, passes):
         CHECKS[other](ns)
 
 
-def test_function_memory_check_does_not_run_backward():
+def test_function_recomputing_lse_passes():
+    """Saving q, k, v and o and recomputing lse in backward keeps less, not more: memory is read from outside the
+    process and the values are right, so both cells pass (what is saved, counted inside, only explains)."""
+    ns = namespace(FlashAttention=make_function(make_forward(), make_backward(), save="no_lse"))
+    for grade_id in FUNCTION_IDS:
+        CHECKS[grade_id](ns)
+
+
+def test_function_backward_error_fails_with_the_students_own_error():
     """Backward returning three gradients for six inputs raises in autograd: the values cell fails with the
-    student's own error; the memory check (forward and what it saves) does not depend on backward."""
+    student's own error, and so does the memory cell, which back-propagates through the graph it measured
+    (at autograde it waits on the values cell anyway)."""
     ns = namespace(FlashAttention=make_function(make_forward(), make_backward(), all_inputs=False))
-    with pytest.raises(RuntimeError, match="incorrect number of gradients"):
-        CHECKS[F_VALUES](ns)
-    CHECKS[F_MEMORY](ns)
+    for grade_id in FUNCTION_IDS:
+        with pytest.raises(RuntimeError, match="incorrect number of gradients"):
+            CHECKS[grade_id](ns)
 
 
 def test_function_names_the_students_own_wrong_parts():
@@ -442,7 +563,7 @@ T_VALUES, T_MEMORY, T_BOUNDS = TRITON_IDS
 
 
 @pytest.mark.parametrize("variant, grade_id, message, passes", [
-    ("no_rescale", T_VALUES, "multiply what was accumulated", (T_MEMORY, T_BOUNDS)),
+    ("no_rescale", T_VALUES, "multiply what was accumulated", (T_BOUNDS,)),
     ("causal_off_by_one", T_VALUES, r"keys 0\.\.i.*row i see key i \+ 1", (T_BOUNDS,)),
     ("torch_long", T_MEMORY, "must be computed by your Triton kernel", (T_VALUES, T_BOUNDS)),
     ("unmasked_k", T_BOUNDS, "tl.load of k_ptr addressed .* past the end", (T_VALUES, T_MEMORY)),
@@ -494,3 +615,59 @@ def test_triton_bounds_probe_leaves_the_interpreter_as_it_was():
 test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(
     CHAPTER, WRONG, {"FlashAttention": "test_FlashAttention_memory",
                      "flash_attention_triton": "test_flash_attention_triton_bounds"})
+
+
+# --- calls that grade a rule compare values too -----------------------------------------------------
+def test_forward_computing_only_below_the_gate_fails_every_cell():
+    """Naive attention below N = 128, zeros from there on: every cell's gate compares the values of its call
+    at N = 128 (causal too in the edge-case cell), and the memory cell those of the call it measures."""
+    for grade_id in FORWARD_IDS:
+        _fails(grade_id, namespace(flash_attention_forward=forward_naive_below_gate),
+               r"o for \(B, H, N, d\) = \(1, 2, 128, 16\), causal=False.* differs")
+
+
+def test_backward_computing_only_below_the_gate_fails_every_cell():
+    for grade_id in BACKWARD_IDS:
+        _fails(grade_id, namespace(flash_attention_backward=backward_naive_below_gate),
+               r"for \(B, H, N, d\) = \(1, 2, 128, 16\), causal=False.* differs")
+
+
+@pytest.mark.parametrize("wrong, grade_id, message, passes", [
+    (dict(flash_attention_forward=forward_zeros_when_long), MEMORY, r"o \(its rows .* drawn at grading time\)",
+     (VALUES, EDGE)),
+    (dict(flash_attention_backward=backward_zeros_when_long), B_MEMORY, r"dq \(its rows .* drawn at grading time\)",
+     (B_VALUES, B_EDGE)),
+    (dict(FlashAttention=FunctionSavingNothingWhenLong), F_MEMORY, r"the gradient of q \(its rows", (F_VALUES,)),
+    (dict(flash_attention_triton=triton_first_block_when_long), T_MEMORY, "not one your kernel stored into",
+     (T_VALUES, T_BOUNDS)),
+], ids=["forward_zeros", "backward_zeros", "function_saves_nothing", "triton_first_block_only"])
+def test_memory_call_values_are_compared(wrong, grade_id, message, passes):
+    """An answer that computes nothing (or part of it elsewhere) on the long sequences the memory cells measure
+    fails there: each measured call's values are compared with the judge's on rows drawn at grading time."""
+    ns = namespace(**wrong)
+    _fails(grade_id, ns, message)
+    for other in passes:
+        CHECKS[other](ns)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (triton_rowwise_torch, "PyTorch ran .*mul.*must be computed by your Triton kernel"),
+    (triton_copier, "PyTorch ran .*must be computed by your Triton kernel"),
+], ids=["rowwise_torch", "copier"])
+def test_triton_torch_around_the_kernel_fails_every_cell(wrong, message):
+    """Only allocation, views and copies may run in PyTorch around the launch; the memory cell, whose call is
+    not traced, refuses them by what the kernel's stores wrote."""
+    for grade_id in TRITON_IDS:
+        _fails(grade_id, namespace(flash_attention_triton=wrong),
+               message if grade_id != T_MEMORY else "must be computed by your Triton kernel")
+
+
+def test_triton_copier_loads_what_is_not_an_input():
+    """Without the operator trace's verdict, the copier's loads read a tensor that is not q, k or v."""
+    from grader import probes
+
+    q, k, v = (torch.randn(1, 1, 40, 16) for _ in range(3))
+    run = probes.ch10_triton_run(triton_copier, q, k, v, False)
+    assert run["bounds"]["foreign_loads"] == ["src_ptr"] and run["bounds"]["unwritten"] == 0
+    run = probes.ch10_triton_run(triton_rowwise_torch, q, k, v, False)
+    assert run["bounds"]["unwritten"] == q.numel() and not run["bounds"]["result_stored"]

@@ -7,8 +7,10 @@ from typing import Callable
 import torch
 
 from coursekit.measure import saved_tensors
+from grader.probes import in_process
 
 
+@in_process(restricts=("ops", "max_elements", "max_shape"))
 def ch10_trace(fn: Callable, *args, **kwargs) -> dict:
     """Call ``fn(*args, **kwargs)`` under a dispatch mode; report what it returned ("result"), the
     names of the aten operators it ran ("ops", sorted) and the largest tensor any operator produced,
@@ -17,8 +19,10 @@ def ch10_trace(fn: Callable, *args, **kwargs) -> dict:
     return _ch10_trace(fn, args, kwargs)
 
 
-def _ch10_trace(fn: Callable, args: tuple, kwargs: dict, ignore: frozenset = frozenset()) -> dict:
-    """ch10_trace; tensors on a storage whose address is in ``ignore`` (the probe's own) are not counted."""
+def _ch10_trace(fn: Callable, args: tuple, kwargs: dict, ignore: frozenset = frozenset(),
+                on_op: Callable | None = None) -> dict:
+    """ch10_trace; tensors on a storage whose address is in ``ignore`` (the probe's own) are not counted;
+    ``on_op(name, args, out)`` is called after each operator."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
@@ -28,6 +32,8 @@ def _ch10_trace(fn: Callable, args: tuple, kwargs: dict, ignore: frozenset = fro
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             seen["ops"].add(str(func.overloadpacket.__name__))
+            if on_op is not None:
+                on_op(str(func.overloadpacket.__name__), args, out)
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in ignore:
                     elements = t.untyped_storage().nbytes() // max(t.element_size(), 1)
@@ -43,6 +49,7 @@ def _ch10_trace(fn: Callable, args: tuple, kwargs: dict, ignore: frozenset = fro
             "max_shape": seen["max_shape"]}
 
 
+@in_process(explains=("activation_bytes", "saved"))
 def ch10_autograd_run(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
                       *extra, backward: bool = True) -> dict:
     """Run ``o = fn(q, k, v, *extra)`` (e.g. ``FlashAttention.apply``) on leaf copies of q, k, v
@@ -62,6 +69,38 @@ def ch10_autograd_run(fn: Callable, q: torch.Tensor, k: torch.Tensor, v: torch.T
             "activation_bytes": rec.activation_bytes,
             "saved": [{"shape": list(s.shape), "dtype": str(s.dtype), "nbytes": s.nbytes}
                       for s in rec.tensors if not s.is_state]}
+
+
+def ch10_rows(rows: list, *values) -> list:
+    """Rows ``rows`` (along the sequence dimension, 2) of each of ``values``: a tensor, or a tuple or list of
+    them, as returned by the student's code. Each tensor gives {"shape", "dtype", "rows"} (the rows
+    copied), anything else {"type"}: only an exact torch.Tensor is indexed, so nothing the student's code
+    defines runs here. The judge compares the rows with its own reference on rows it drew."""
+    def one(t):
+        if type(t) is not torch.Tensor:
+            return {"type": type(t).__name__}
+        index = torch.tensor([int(r) for r in rows], dtype=torch.long)
+        picked = t.detach().index_select(2, index).clone() if t.dim() >= 3 else None
+        return {"shape": list(t.shape), "dtype": str(t.dtype), "rows": picked}
+
+    out = []
+    for value in values:
+        if type(value) in (tuple, list):
+            out.append([one(t) for t in value])
+        else:
+            out.append(one(value))
+    return out
+
+
+def ch10_backward(o, weight: torch.Tensor) -> dict:
+    """Back-propagate the loss sum(o * weight) through ``o`` (the output of the student's
+    FlashAttention.apply): the gradients land in the inputs the judge made (their .grad, retained).
+    Reports whether ``o`` is a torch.Tensor attached to a graph; the student's backward's own errors
+    propagate."""
+    if type(o) is not torch.Tensor or o.grad_fn is None:
+        return {"attached": False}
+    torch.autograd.backward(torch.sum(torch.mul(o, weight)))
+    return {"attached": True}
 
 
 # Triton's interpreter as this module first saw it: in the sandbox that is the fork server, before any
@@ -117,7 +156,8 @@ def _ch10_changed(snap: dict) -> str | None:
 _CH10_INTERPRETER.update(_ch10_interpreter_state() or {})
 
 
-def ch10_triton_run(fn: Callable, *args, spaced: bool = False) -> dict:
+@in_process(restricts=("ops", "max_elements", "max_shape", "bounds"))
+def ch10_triton_run(fn: Callable, *args, spaced: bool = False, trace: bool = True) -> dict:
     """``ch10_trace(fn, *args)`` with every memory access of Triton's interpreter checked.
 
     Each load, store and atomic a kernel makes through the interpreter is checked lane by lane: every
@@ -126,11 +166,22 @@ def ch10_triton_run(fn: Callable, *args, spaced: bool = False) -> dict:
     and switched off (a load gives ``other``, 0 when none, a store writes nothing), so the call stays
     safe and its result does not depend on whatever lies past a tensor. With ``spaced``, the tensors of
     ``args`` are first copied into one buffer with a gap before and after each, so that no access past
-    the end of one lands inside the next. Adds to ch10_trace's report "bounds": "launches"
-    (kernel launches), "accesses", "outside" (lanes outside, over all accesses), "violations" (the first
-    few: op, kernel argument, lanes outside of lanes on, elements past the end or before the start,
-    launch) and "tampered" (the first name of Triton's interpreter found replaced, or None; when it is
-    found before the call, ``fn`` is not called and "result" is None).
+    the end of one lands inside the next. With ``trace`` False the operators are not traced ("ops" is
+    None, "max_elements" 0, "result" what ``fn`` returned itself, for ``ch10_rows``): the memory accesses
+    alone are checked, for a call whose memory is read from outside. The interpreter's own handling of
+    the arguments (views of their storage before a launch, copied back after it) is kept out of the trace.
+
+    Adds to ch10_trace's report "bounds": "launches" (kernel launches), "accesses", "outside" (lanes
+    outside, over all accesses), "violations" (the first few: op, kernel argument, lanes outside of lanes
+    on, elements past the end or before the start, launch), "tampered" (the first name of Triton's
+    interpreter found replaced, or None; when it is found before the call, ``fn`` is not called and
+    "result" is None), "foreign_loads" (the kernel arguments a load read that are neither a tensor of
+    ``args`` nor a copy of one made during the call by an operator the trace saw: clone, _to_copy),
+    "stored" (the kernel arguments a store or atomic wrote), "result_stored" (None unless the result is a
+    torch.Tensor; then whether its memory lies in a kernel argument that a store or atomic wrote),
+    "result_argument" (that argument's name), "unwritten" (how many of the result's elements no store or
+    atomic wrote) and "first_unwritten" (the index of the first, or None). These come from the
+    interpreter's checked stores, so they hold whether or not the call is traced.
     """
     import sys
 
@@ -139,9 +190,12 @@ def ch10_triton_run(fn: Callable, *args, spaced: bool = False) -> dict:
     if not _CH10_INTERPRETER:
         _CH10_INTERPRETER.update(_ch10_interpreter_state() or {})
     snap = dict(_CH10_INTERPRETER)
-    report = {"launches": 0, "accesses": 0, "outside": 0, "violations": [], "tampered": None}
+    report = {"launches": 0, "accesses": 0, "outside": 0, "violations": [], "tampered": None,
+              "foreign_loads": [], "stored": [], "result_stored": None, "result_argument": None, "unwritten": 0,
+              "first_unwritten": None}
     if not snap:  # no interpreter: a kernel can only run compiled, on a GPU
-        traced = ch10_trace(fn, *args)
+        traced = ch10_trace(fn, *args) if trace else {"result": fn(*args), "ops": None, "max_elements": 0,
+                                                      "max_shape": []}
         traced["bounds"] = report
         return traced
     report["tampered"] = _ch10_changed(snap)
@@ -159,6 +213,17 @@ def ch10_triton_run(fn: Callable, *args, spaced: bool = False) -> dict:
                             "create_atomic_rmw", "create_atomic_cas")}
     builder = vars(interp)["interpreter_builder"]
     spans: list = []  # (kernel argument, first byte, end byte) of every tensor passed to the launch running
+    sources: list = []  # (first byte, end byte) of q, k, v and of the copies made of them during the call
+    written: dict = {}  # (first byte, end byte) of a kernel argument -> which of its bytes a store wrote
+    names: dict = {}  # (first byte, end byte) of a kernel argument -> its name
+    stored: set = set()
+    foreign: set = set()
+
+    def extent(value) -> tuple[int, int]:
+        """The bytes from a tensor's first element to its last."""
+        last = sum((size - 1) * stride for size, stride in zip(value.shape, value.stride()))
+        size = 0 if value.numel() == 0 else (last + 1) * value.element_size()
+        return value.data_ptr(), value.data_ptr() + size
 
     def collect(name, value):
         if isinstance(value, tuple):
@@ -166,13 +231,16 @@ def ch10_triton_run(fn: Callable, *args, spaced: bool = False) -> dict:
                 collect(f"{name}[{i}]", item)
             return
         value = value if isinstance(value, torch.Tensor) else getattr(value, "base", None)
-        if isinstance(value, torch.Tensor):  # the bytes from its first element to its last
-            last = sum((size - 1) * stride for size, stride in zip(value.shape, value.stride()))
-            extent = 0 if value.numel() == 0 else (last + 1) * value.element_size()
-            spans.append((name, value.data_ptr(), value.data_ptr() + extent))
+        if isinstance(value, torch.Tensor):
+            spans.append((name, *extent(value)))
 
     def init_args_hst(self, args_dev, kwargs):
-        args_hst, kwargs_hst = init_args(self, args_dev, kwargs)
+        """The interpreter's own host copies of the arguments (views of the same storage on a CPU), kept out
+        of the operator trace like restore_args_dev."""
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            args_hst, kwargs_hst = init_args(self, args_dev, kwargs)
         spans.clear()
         for name, value in zip(self.arg_names, args_hst):
             collect(name, value)
@@ -189,6 +257,14 @@ def ch10_triton_run(fn: Callable, *args, spaced: bool = False) -> dict:
         with _disable_current_modes():
             return restore_args(self, *rest)
 
+    def copies(name, op_args, out):
+        """Copies of q, k or v made during the call (contiguous(), clone(), to()) count as them."""
+        if name in ("clone", "_to_copy") and op_args and isinstance(op_args[0], torch.Tensor) \
+                and isinstance(out, torch.Tensor) and out.numel():
+            start, end = extent(op_args[0])
+            if any(s <= start and end <= e for s, e in sources):
+                sources.append(extent(out))
+
     wrappers: dict = {}
 
     def intact() -> bool:
@@ -200,7 +276,8 @@ def ch10_triton_run(fn: Callable, *args, spaced: bool = False) -> dict:
                 and vars(interp).get("_interpreter") is c_mod and sys.modules.get(interp.__name__) is interp)
 
     def check(op, ptrs, mask, itemsize):
-        """The mask with the lanes outside every tensor argument switched off (``mask`` itself if none)."""
+        """The mask with the lanes outside every tensor argument switched off (``mask`` itself if none);
+        records which argument a load read and which bytes a store wrote."""
         report["accesses"] += 1
         if report["tampered"] is None and not intact():
             report["tampered"] = _ch10_changed(snap) or "the interpreter's memory accesses (during the call)"
@@ -210,23 +287,35 @@ def ch10_triton_run(fn: Callable, *args, spaced: bool = False) -> dict:
         if addresses.size == 0:
             return mask
         low, high = int(addresses.min()), int(addresses.max()) + itemsize
-        if any(start <= low and high <= end for _, start, end in spans):
-            return mask
         # The tensor the access belongs to: the one its lowest lane addresses (a block starts inside its
         # tensor and runs past the end), else the one its highest lane addresses.
         best = next((span for span in spans if span[1] <= low < span[2]), None) or next(
             (span for span in spans if span[1] < high <= span[2]), None)
-        inside = np.zeros(p.shape, dtype=bool) if best is None else (p >= best[1]) & (p + itemsize <= best[2])
-        outside = on & ~inside
-        report["outside"] += int(outside.sum())
-        if len(report["violations"]) < 8:
-            report["violations"].append({
-                "op": op, "argument": None if best is None else best[0], "lanes": int(outside.sum()),
-                "of": int(on.sum()), "itemsize": itemsize,
-                "past_end": 0 if best is None else max(0, high - best[2]) // itemsize,
-                "before_start": 0 if best is None else max(0, best[1] - low) // itemsize,
-                "launch": report["launches"]})
-        return np.ascontiguousarray(on & inside)
+        keep, lanes_on = mask, on
+        if best is None or not (best[1] <= low and high <= best[2]):
+            inside = np.zeros(p.shape, dtype=bool) if best is None else (p >= best[1]) & (p + itemsize <= best[2])
+            outside = on & ~inside
+            report["outside"] += int(outside.sum())
+            if len(report["violations"]) < 8:
+                report["violations"].append({
+                    "op": op, "argument": None if best is None else best[0], "lanes": int(outside.sum()),
+                    "of": int(on.sum()), "itemsize": itemsize,
+                    "past_end": 0 if best is None else max(0, high - best[2]) // itemsize,
+                    "before_start": 0 if best is None else max(0, best[1] - low) // itemsize,
+                    "launch": report["launches"]})
+            keep = lanes_on = np.ascontiguousarray(on & inside)
+        if best is None:
+            return keep
+        if op == "load":
+            if not any(s <= best[1] and best[2] <= e for s, e in sources):
+                foreign.add(best[0])
+        else:  # a store or an atomic: the bytes of its lanes left on
+            stored.add(best[0])
+            lanes = p[lanes_on].astype(np.int64) - best[1]
+            marks = written.setdefault(best[1:], np.zeros(best[2] - best[1], dtype=bool))
+            names[best[1:]] = best[0]
+            marks[(lanes[:, None] + np.arange(itemsize)[None, :]).reshape(-1)] = True
+        return keep
 
     def load(ptrs, mask, other, dtype):
         return original["load"](ptrs, check("load", ptrs, mask, np.dtype(dtype).itemsize), other, dtype)
@@ -256,17 +345,47 @@ def ch10_triton_run(fn: Callable, *args, spaced: bool = False) -> dict:
             at += t.numel() + gap
         args = tuple(placed.get(id(a), a) for a in args)
         ignore = frozenset({buffer.untyped_storage().data_ptr()})  # the inputs' views: not the student's tensors
+    sources.extend(extent(a) for a in args if type(a) is torch.Tensor)
+    returned: list = []
+
+    def call(*call_args):
+        returned.append(fn(*call_args))  # the very tensor returned, before the trace copies it
+        return returned[-1]
+
     try:
         for name, wrapper in wrappers.items():
             setattr(c_mod, name, wrapper)
         executor._init_args_hst, executor._restore_args_dev = init_args_hst, restore_args_dev
-        traced = _ch10_trace(fn, args, {}, ignore)
+        if trace:
+            traced = _ch10_trace(call, args, {}, ignore, on_op=copies)
+        else:  # the result itself: the judge fetches what it compares (ch10_rows)
+            traced = {"result": call(*args), "ops": None, "max_elements": 0, "max_shape": []}
     finally:
         executor._init_args_hst, executor._restore_args_dev = init_args, restore_args
         for name, function in original.items():
             setattr(c_mod, name, function)
     if report["tampered"] is None:
         report["tampered"] = _ch10_changed(snap)
+    report["foreign_loads"], report["stored"] = sorted(foreign), sorted(stored)
+    result = returned[0] if returned else None
+    if type(result) is torch.Tensor and result.numel():  # which of its elements a store wrote
+        start, end = extent(result)
+        cover = next(((s, e) for (s, e) in written if s <= start and end <= e), None)
+        report["result_stored"] = cover is not None
+        report["result_argument"] = names.get(cover)
+        offsets = np.zeros((), dtype=np.int64)
+        for size, stride in zip(result.shape, result.stride()):
+            offsets = offsets[..., None] + np.arange(size, dtype=np.int64) * stride * result.element_size()
+        if cover is None:
+            report["unwritten"], report["first_unwritten"] = result.numel(), [0] * result.dim()
+        else:
+            marks = written[cover]
+            base = start - cover[0]
+            missed = ~np.logical_and.reduce(
+                [marks[base + offsets + b] for b in range(result.element_size())])
+            report["unwritten"] = int(missed.sum())
+            if report["unwritten"]:
+                report["first_unwritten"] = [int(i) for i in np.argwhere(missed)[0]]
     traced["bounds"] = report
     return traced
 
