@@ -7,6 +7,10 @@ minutes on 2 cores, so the first test that asks runs one ``python -m grader auto
 ``second_submissions`` in notebooks carrying 8 MiB of outputs, every chapter) and the others, in any pytest-xdist
 worker, wait for it and read its output. The batch lives in ``build/test-runs/<run id>/``; the
 run id is pytest-xdist's, shared by every worker of one run.
+
+The batch is graded with every value a probe measures inside the student's process (saved bytes, FLOPs;
+``grader.probes.in_process`` ``explains``) replaced by a claim that fails the cell of any check consulting it:
+so the references' and second answers' full marks show that no point rests on such a measurement.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from pathlib import Path
 
 from conftest import ROOT, AUTOGRADE
 from grader.notebooks import chapters
+from grader.sandbox.handles import POISON_ENV
 import second_submissions
 from submissions import blank, reference, with_outputs, write
 
@@ -56,9 +61,12 @@ def batch() -> Path:
                 write(sub, "blank", ch, blank(ch))
                 # Handed in as run, with 8 MiB of plots: outputs never count against the exercises.
                 write(sub, "second", ch, with_outputs(second_submissions.notebook(ch)))
+            # What probes measure inside the student's process is replaced by claims that fail any check that
+            # consults them (grader.sandbox.handles.POISON_ENV): full marks must rest on outside readings and values.
+            env = {**os.environ, POISON_ENV: "1"}
             proc = subprocess.run([*AUTOGRADE, str(sub), "--out", str(out),
                                    "--workers", "2", "--timeout", "180"], cwd=ROOT, capture_output=True,
-                                  text=True, timeout=3000)
+                                  text=True, timeout=3000, env=env)
             (root / "log.txt").write_text(proc.stdout + proc.stderr)
             if proc.returncode != 0:
                 raise RuntimeError(f"autograding the references failed:\n{proc.stderr[-3000:]}")

@@ -126,9 +126,14 @@ Threat → defence:
    may hold at most 2 MiB more than the course's own, what the student's code keeps before the
    measured call is capped, and the call may not free what it held before. Facts that cannot be
    read from outside are checked behaviourally (values the judge recomputes, weights compared
-   before and after steps the judge drives) or, where they stay in-process (FLOP counts,
-   recomputation order, op traces), they only add to what the outside checks already require,
-   behind the source policy.
+   before and after steps the judge drives) or, where they stay in-process (recomputation order, op
+   traces), they only take points away from what the outside checks already grant, behind the source
+   policy; saved bytes and FLOP counts only explain. Sizes and seeds of every measured call are
+   drawn at grading time from ranges the exercise's text states, and the values of that very call
+   are compared with the judge's own (``resources.draw``, ``new_seed``, ``seeded``): code that is
+   honest only at one size, or only when it guesses it is measured, is wrong where it switches.
+   Compute is read as the worker's CPU time against the course's own computation on the same inputs
+   (``Meter.cpu_by``).
 9. *Harm to other students*: each worker has its own namespaces, cgroup and tmpfs (128 MiB, 1,024
    inodes; ``confine.own_namespaces``), so one worker's hoard, full disk or busy threads never reach
    another's memory, disk or CPU time, and nothing it made survives it. On the judge's side, fetched
@@ -168,9 +173,14 @@ Residual risks, stated plainly:
 * In-process measurements. ``nb.apply(probes.fn, ...)`` runs trusted code in that process. The
   integrity check stops monkeypatching, the common case, but not in-place edits, tensors stashed on
   ``ctx`` or module attributes where ``saved_tensors_hooks`` never sees them, or native code. Probe
-  results are claims: points come from values the judge recomputes and from readings of the cgroup;
-  what remains in-process (FLOP counts, the order in which layers are recomputed, op traces) is
-  trusted only as far as the source policy keeps a cell from reaching the probe's machinery.
+  results are claims: points come from values the judge recomputes and from readings of the cgroup.
+  Probes mark what they count in the process (``grader.probes.in_process``): saved bytes and FLOPs
+  only explain a failure (the test suite grades the references and second answers with them replaced
+  by values that fail any check consulting them, ``tests/test_in_process_claims.py``); the traces that
+  remain (the order in which layers are recomputed, op traces, dtypes produced, the Triton
+  interpreter's accesses) can take a point away, never award one, and are trusted only as far as the
+  source policy keeps a cell from reaching the probe's machinery. ``grader/README.md`` lists each
+  exercise's properties, what decides them and which attacks they stop.
 * Readings of the cgroup move in steps of the kernel's charge batches (64 pages per CPU) and by
   the pages of shared memory a worker first writes to (priming absorbs most of them: measured at
   1-4 MiB within a check); inputs are sized so that right and wrong differ by tens of MiB.
