@@ -148,9 +148,10 @@ def meprop_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         Its backward, for an output gradient g:
           per example: dx = g̃ W, dW = g̃ᵀ x (both from the sparsified g̃);
           unified:     dx = g[:, I] W[I, :] and dW[I, :] = g[:, I]ᵀ x with every other row of dW exactly 0,
-                       computed as products of the compacted (B, k) matrix g[:, I]: a dense product with
-                       zeroed columns is refused (the grader checks it: weight rows outside I hold NaN and
-                       an entry of x is inf, and dx, dW must stay what the compacted products give);
+                       computed as products of the compacted (B, k) matrix g[:, I]: a product over all
+                       n_out columns, with the others zeroed or masked, is refused (the grader checks it:
+                       weight rows outside I hold NaN and an entry of x is inf, and dx, dW must stay what
+                       the compacted products give; and it times your backward, see below);
           both:        db = Σ_i g_i from the full g (never sparsified);
           dx (and anything only dx needs, such as reading W) is not computed when x does not require
           grad: it is None (checked by freeing W's storage between forward and backward).
@@ -159,9 +160,18 @@ def meprop_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     Raises:
         ValueError: if x is not 2-D.
 
-    Graded on float32 tensors with (B, n_in, n_out) = (37, 29, 53) and (6, 40, 9), k from 1 to n_out − 1,
-    k in (0, −3, n_out, n_out + 7), with and without bias, x with and without grad; each graded cell
-    runs within 60 s and 4 GiB. Use public torch APIs only.
+    Graded on float32 tensors, with and without bias, x with and without grad: small layers (B, n_in,
+    n_out each from 2 to 64, k from 1 to n_out − 1, and k in (0, −3, n_out, n_out + 7)) and wide
+    layers (B from 32 to 256, n_in from 32 to 512, n_out from 128 to 512; k from 1 to 32 and from 33
+    to n_out − 1), per example and unified alike; the sizes, k and values of some of them are drawn
+    at grading time, so your code must be right on every shape. Each graded cell runs within 60 s and
+    4 GiB. Use public torch APIs only. test_meprop_linear_compute also times the unified backward from
+    outside your process (the CPU time its cgroup reads, whatever else the machine runs) on a wide
+    layer: B, n_in and n_out each drawn from 1792 to 2304, k from 4 to 32, x, W and b requiring grad.
+    Your backward may use at most a third of the CPU time that the dense backward's two products (g W
+    and gᵀ x) take on the same inputs (the compacted products need k / n_out of their FLOPs, at most
+    32 / 1792); one over the limit is timed once more and the better call counts. dx, dW and db of
+    those very calls are checked against the grader's own reference.
     """
     ### BEGIN SOLUTION
     if x.dim() != 2:

@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from grader.api import LocalNamespace, checks_for
-from sandbox_checks import sandbox_tests
-from wrong_submissions_ch06_sparse_backprop import WRONG
+from grader.sandbox import judge
+from sandbox_checks import LIMITS, program, sandbox_tests
+from wrong_submissions_ch06_sparse_backprop import COMPUTE_WRONG, WRONG
 
 CHAPTER = "ch06_sparse_backprop"
 CHECKS = checks_for(CHAPTER)
@@ -23,7 +24,10 @@ APPLY_IDS = ("test_apply_meprop", "test_apply_meprop_output_layer")
 
 # --- meprop_linear: a family, correct with the defaults ------------------------------------------------
 def make_meprop(signed=False, over_batch=False, index="abs_sum", sparse_db=False, sparse_dx=True, sparse_dw=True,
-                scatter=False, dense_dw=False, always_dx=False, dense_edges=True, check_dim=True):
+                scatter=False, dense_dw=False, always_dx=False, dense_edges=True, check_dim=True, only_at=None,
+                only_unified=False):
+    """``only_at``: the (B, n_in, n_out) at which the ``only_unified`` variant sparsifies; a dense backward on
+    every other shape (the shapes an exercise text once published)."""
     def meprop_linear(x, weight, bias, k, unified=False):
         if check_dim and x.dim() != 2:
             raise ValueError("x must be 2-D")
@@ -39,6 +43,8 @@ def make_meprop(signed=False, over_batch=False, index="abs_sum", sparse_db=False
                 x, w = ctx.saved_tensors
                 need_x = ctx.needs_input_grad[0] or always_dx
                 dense = dense_edges and (k <= 0 or k >= g.shape[1])
+                if only_at is not None and unified == only_unified:
+                    dense = dense or (g.shape[0], x.shape[1], g.shape[1]) not in only_at
                 dx = dw = db = None
                 if dense or not unified:
                     if dense:
@@ -110,6 +116,52 @@ def meprop_linear_other(x, weight, bias, k, unified=False):
             return d_inp, d_w, d_b
 
     return Unified.apply(x, weight, bias)
+
+
+def make_masked(dense_dx=True, dense_dw=True):
+    """Right values, poison-proof: the products run over all n_out columns with the kept ones selected by masks
+    (torch.where), which also scrub the NaN rows of W and the 0 · inf of dW. Only CPU time tells them apart."""
+    def meprop_linear(x, weight, bias, k, unified=False):
+        if x.dim() != 2:
+            raise ValueError("x must be 2-D")
+
+        class Fn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, w, b):
+                ctx.save_for_backward(x, w)
+                return F.linear(x, w, b)
+
+            @staticmethod
+            def backward(ctx, g):
+                x, w = ctx.saved_tensors
+                n_out = g.shape[1]
+                if 0 < k < n_out:
+                    if unified:
+                        rows = torch.zeros(n_out, dtype=torch.bool)
+                        rows[g.abs().sum(0).topk(k).indices] = True
+                        keep = rows.expand_as(g)
+                    else:
+                        keep = torch.zeros_like(g, dtype=torch.bool).scatter_(1, g.abs().topk(k, dim=1).indices, True)
+                        rows = keep.any(0)
+                else:
+                    keep = torch.ones_like(g, dtype=torch.bool)
+                    rows = keep.any(0)
+                gs = torch.where(keep, g, torch.zeros_like(g))
+                idx = rows.nonzero().flatten()
+                dx = dw = db = None
+                if ctx.needs_input_grad[0]:
+                    dx = (gs @ torch.where(rows[:, None], w, torch.zeros_like(w)) if dense_dx or not unified
+                          else g.index_select(1, idx) @ w.index_select(0, idx))
+                if ctx.needs_input_grad[1]:
+                    dw = (torch.where(rows[:, None], gs.t() @ x, torch.zeros_like(w)) if dense_dw or not unified
+                          else torch.zeros_like(w).index_copy(0, idx, g.index_select(1, idx).t() @ x))
+                if ctx.needs_input_grad[2]:
+                    db = g.sum(0)
+                return dx, dw, db
+
+        return Fn.apply(x, weight, bias)
+
+    return meprop_linear
 
 
 # --- apply_meprop ------------------------------------------------------------------------------------
@@ -232,6 +284,46 @@ def test_dense_scatter_has_the_right_values_and_fails_only_on_compute():
         CHECKS["test_meprop_linear_compute"](ns)
 
 
+KNOWN_SHAPES = ((37, 29, 53), (6, 40, 9))  # the (B, n_in, n_out) the exercise text once published
+
+
+def test_per_example_only_at_known_shapes_fails_only_the_values_cell():
+    """Per-example top-k only at the shapes the text once published, the dense backward elsewhere: the layers
+    drawn at grading time fail it in the values cell, and only there (unified, compute and edge cases are right)."""
+    ns = namespace(meprop_linear=make_meprop(only_at=KNOWN_SHAPES))
+    for grade_id in ("test_meprop_linear_unified", "test_meprop_linear_compute", "test_meprop_linear_edge_cases"):
+        CHECKS[grade_id](ns)
+    with pytest.raises(AssertionError, match="dense backward's"):
+        CHECKS["test_meprop_linear_values"](ns)
+
+
+def test_per_example_only_on_small_layers_fails_the_values_cell():
+    """Per example right on layers of up to 64 units, dense on wider ones: the drawn wide layer fails it."""
+    small = tuple((B, n_in, n_out) for B in range(2, 65) for n_in in range(2, 65) for n_out in range(2, 65))
+    wrong = make_meprop(only_at=frozenset(small))
+    with pytest.raises(AssertionError, match="dense backward's"):
+        CHECKS["test_meprop_linear_values"](namespace(meprop_linear=wrong))
+
+
+def test_unified_only_at_known_shapes_fails_the_unified_cell():
+    """The same trick on the unified variant: the drawn wide layer of the unified cell finds more than k rows of dW."""
+    ns = namespace(meprop_linear=make_meprop(only_at=KNOWN_SHAPES, only_unified=True))
+    CHECKS["test_meprop_linear_values"](ns)
+    with pytest.raises(AssertionError, match="at most k="):
+        CHECKS["test_meprop_linear_unified"](ns)
+
+
+@pytest.mark.parametrize("wrong", [make_masked(), make_masked(dense_dx=False), make_masked(dense_dw=False)],
+                         ids=["both", "dW", "dx"])
+def test_masked_dense_products_have_the_right_values_and_fail_only_on_compute(wrong):
+    """Dense products whose masks scrub the poison: every value right, the compute cell's CPU time fails them."""
+    ns = namespace(meprop_linear=wrong)
+    for grade_id in ("test_meprop_linear_values", "test_meprop_linear_unified", "test_meprop_linear_edge_cases"):
+        CHECKS[grade_id](ns)
+    with pytest.raises(AssertionError, match="CPU time"):
+        CHECKS["test_meprop_linear_compute"](ns)
+
+
 @pytest.mark.parametrize("wrong, message", [
     (make_apply(include_output=True), "output layer"),
     (make_apply(top_level=True), "Walk every module"),
@@ -267,3 +359,15 @@ def test_apply_meprop_is_graded_without_meprop_linear(monkeypatch):
 # --- the same checks through the sandbox, as at autograde ------------------------------------------
 test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(
     CHAPTER, WRONG, {"meprop_linear": "test_meprop_linear_compute", "apply_meprop": "test_apply_meprop"})
+
+
+def test_sandbox_masked_dense_products_lose_only_the_compute_cell():
+    """Dense products whose torch.where masks scrub the poison: every value right, so only the CPU time read from the
+    worker's cgroup, against the course's dense products on the same drawn inputs, fails them."""
+    compute = "test_meprop_linear_compute"
+    source = COMPUTE_WRONG[(CHAPTER, "meprop_linear")]
+    outcomes = judge.run_checks(CHAPTER, program(CHAPTER, {"meprop_linear": source}), list(LINEAR_IDS), LIMITS,
+                                checks=CHECKS)
+    assert not outcomes[compute].passed and "CPU time" in outcomes[compute].reason, outcomes[compute].reason
+    assert all(outcomes[gid].passed for gid in LINEAR_IDS if gid != compute), \
+        {gid: outcomes[gid].reason for gid in LINEAR_IDS}

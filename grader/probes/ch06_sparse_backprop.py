@@ -1,4 +1,5 @@
-"""Probes of chapter 6 (sparse back-propagation): a sparse linear layer's forward and backward, and
+"""Probes of chapter 6 (sparse back-propagation): a sparse linear layer's forward and backward, the backward
+alone and the course's dense products (whose CPU time a hidden test reads from outside the process), and
 what the replacement of a model's layers returns."""
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import torch
 from torch import nn
 
 from coursekit.measure import flop_counter
+from grader.probes import in_process
 
 
+@in_process(explains=("backward_flops",))
 def ch06_linear_run(fn: Callable, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                     grad_out: torch.Tensor, k: int, unified: bool = False, x_requires_grad: bool = True,
                     free_weight: bool = False) -> dict:
@@ -89,3 +92,44 @@ def ch06_output_layer_run(apply_fn: Callable, model: nn.Module, k: int, unified:
     grad = (lambda t: None if t is None or t.grad is None else t.grad.detach().clone())
     return {"found": True, "class": type(layer).__name__, "y": y.detach().clone(), "dh": grad(h),
             "dW": grad(weight), "db": grad(bias)}
+
+
+def ch06_dense_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor) -> None:
+    """The course's own dense backward of ``y = x Wᵀ + b`` for the output gradient ``grad_out``: the full
+    products ``g W`` and ``gᵀ x`` and ``Σ g``, what ``nn.Linear``'s backward computes. A hidden test reads
+    its CPU time from outside the process: the cost that meProp's compacted products must stay far below. It runs
+    on one thread (the worker's setting), whatever the student's code set: more threads on the worker's one core
+    would only add CPU time to the baseline."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        g = grad_out.detach()
+        torch.mm(g, weight.detach())
+        torch.mm(g.t(), x.detach())
+        g.sum(0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def ch06_backward_rows(y, grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                       x_rows: torch.Tensor, w_rows: torch.Tensor) -> dict:
+    """Back-propagate ``grad_out`` from ``y`` (torch's own ``backward``), then report rows ``x_rows`` of
+    ``x.grad``, rows ``w_rows`` of ``weight.grad`` and the whole ``bias.grad`` (None where no gradient
+    arrived); "type" is what ``y`` is, "error" what backward raised. A hidden test reads the CPU time of
+    this request from outside the process; the rows it gathers are the values it checks on the same call. Like
+    :func:`ch06_dense_backward`, it starts on one thread (the worker's setting; an instructor's kernel may use
+    more), so that the two are timed alike."""
+    if not isinstance(y, torch.Tensor) or y.grad_fn is None:
+        return {"type": type(y).__name__, "attached": isinstance(y, torch.Tensor)}
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.autograd.backward(y, grad_out)
+    except Exception as e:  # noqa: BLE001 - reporting what was raised is the point
+        return {"type": "Tensor", "attached": True, "error": {"types": [c.__name__ for c in type(e).__mro__],
+                                                               "message": str(e)[:300]}}
+    finally:
+        torch.set_num_threads(before)
+    rows = (lambda t, i: None if t is None or t.grad is None else t.grad.detach().index_select(0, i).clone())
+    return {"type": "Tensor", "attached": True, "error": None, "dx": rows(x, x_rows), "dW": rows(weight, w_rows),
+            "db": None if bias is None or bias.grad is None else bias.grad.detach().clone()}
