@@ -236,9 +236,9 @@ display(Markdown(f"On the task the model already solves, the median activation g
 # Write it with the interface and the behaviour of `torch.amp.GradScaler`:
 # - `scale(loss)` returns `loss * S`, a tensor of `loss`'s dtype, still attached to the graph;
 # - `unscale_(optimizer)` divides the `.grad` of every parameter of the optimizer's param groups
-#   in place by $S$ (parameters whose `.grad` is None are skipped) and records whether any gradient
-#   held an `inf` or a `NaN`. It may be called once between two `update()` calls, before `step`
-#   (to clip gradients, for instance): a second call raises `RuntimeError`, like torch's;
+#   in place by $S$ (parameters whose `.grad` is None are skipped) and records whether any entry of
+#   any gradient held an `inf` or a `NaN`. It may be called once between two `update()` calls, before
+#   `step` (to clip gradients, for instance): a second call raises `RuntimeError`, like torch's;
 # - `step(optimizer)` unscales if `unscale_` was not called yet for this optimizer (never twice!),
 #   then calls `optimizer.step()` only if no gradient was `inf`/`NaN`; it returns what
 #   `optimizer.step()` returned (None when skipped);
@@ -271,11 +271,15 @@ class GradScaler:
     to 3, growth_factor 2 and 4, backoff_factor 0.5 and 0.25, init_scale from 512 to 2^127, where the scaled
     loss itself overflows, and 2^126, whose growth would pass float32's largest number), with inf, -inf or
     NaN written into one gradient after the backward, ``unscale_`` called before ``step`` at random, a
-    parameter whose .grad stays None and a frozen one in the optimizer. Values (torch's scaler then follows
-    your scales): the gradients after the backward, after ``unscale_`` and after ``step``; what ``step``
-    returns (None when skipped); the parameters and the optimizer state after each step; the gradients of one
-    more ``scale(loss).backward()`` after the last ``update``; and ``scale`` given float32, float16 and
-    bfloat16 tensors of shape (2, 3) that require grad (backward through the result must give them S).
+    parameter whose .grad stays None and a frozen one in the optimizer. Besides a small model, a wide one whose
+    sizes are drawn at grading time: Linear(d, h), Tanh, Linear(h, o) with d and h from 32 to 96 and o from 32
+    to 64 (weights of 1024 to 9216 entries) and an unused parameter of 1024 to 4096 entries, the inf/NaN
+    written at a flat index drawn over the whole gradient, its last entries included: check every entry.
+    Values (torch's scaler then follows your scales): the gradients after the backward, after ``unscale_`` and
+    after ``step``; what ``step`` returns (None when skipped); the parameters and the optimizer state after
+    each step; the gradients of one more ``scale(loss).backward()`` after the last ``update``; and ``scale``
+    given float32, float16 and bfloat16 tensors of shape (2, 3) that require grad (backward through the
+    result must give them S).
     Schedule: the scale before ``step``, between ``step`` and ``update`` and after ``update``. Interface: the
     ValueErrors of ``__init__``, the RuntimeErrors the methods' docstrings state, no error in a valid use
     (``update()`` after ``unscale_`` alone included), ``step(optimizer, closure)`` returning what
@@ -417,6 +421,16 @@ scaled = scaler.scale(half)
 assert scaled.dtype == torch.float16, "scale(loss) keeps the loss's dtype"
 scaled.sum().backward()
 assert torch.equal(half.grad, torch.full((2, 3), 64.0, dtype=torch.float16)), "backward through scale(t) gives S"
+torch.manual_seed(2)
+wide = nn.Linear(64, 64)  # an overflow in the last entry of a wide weight counts too
+wide_opt = torch.optim.SGD(wide.parameters(), lr=0.1)
+wide_scaler = GradScaler(init_scale=1024.0)
+wide_scaler.scale(wide(torch.randn(8, 64)).pow(2).mean()).backward()
+wide.weight.grad.view(-1)[-1] = float("nan")
+wide_scaler.step(wide_opt)
+wide_scaler.update()
+assert torch.isfinite(wide.weight).all() and wide_scaler.get_scale() == 512.0, (
+    "an inf or NaN in any entry of any gradient (here the last one) is an overflow: skip the step and back off")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_GradScaler", globals())

@@ -29,7 +29,7 @@ def make_scaler(no_skip=False, zero_instead=False, grow_late=False, grow_early=F
                 inf_only=False, update_in_step=False, scale_to_float32=False, scale_detached=False,
                 crash_on_missing_grad=False, scale_uses_init=False, grow_to_inf=False, no_value_checks=False,
                 step_twice_ok=False, update_without_step_ok=False, no_step_return=False, no_step_args=False,
-                scale_tensor=False, step_returns_flag=False):
+                scale_tensor=False, step_returns_flag=False, check_first=None, check_every=None):
     class Scaler:
         def __init__(self, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
             if not no_value_checks:
@@ -53,10 +53,12 @@ def make_scaler(no_skip=False, zero_instead=False, grow_late=False, grow_early=F
                 raise RuntimeError("unscale_ called twice before update")
             grads = [p.grad for g in opt.param_groups for p in g["params"]
                      if p.grad is not None or crash_on_missing_grad]
+            # a partial overflow check: the first entries of each gradient only, or a strided sample
+            seen = [g.flatten()[:check_first] if check_first else g.flatten()[::check_every or 1] for g in grads]
             if crash_on_missing_grad:
-                flat = torch.cat([g.flatten() for g in grads])
+                flat = torch.cat(seen)
             else:
-                flat = torch.cat([g.flatten() for g in grads]) if grads else torch.zeros(0)
+                flat = torch.cat(seen) if grads else torch.zeros(0)
             bad = bool(torch.isinf(flat).any()) if inf_only else bool((~torch.isfinite(flat)).any())
             self.bad = bool(self.bad) or bad
             with torch.no_grad():
@@ -222,6 +224,39 @@ def test_grad_scaler_rejects(flags, grade_id, message):
 def test_grad_scaler_rejects_crash_on_missing_grad():
     with pytest.raises(Exception):  # the student's own error (a None gradient), reported as such at autograde
         CHECKS["test_GradScaler"](namespace(GradScaler=make_scaler(crash_on_missing_grad=True)))
+
+
+@pytest.mark.parametrize("flags, where", [(dict(check_first=128), "wide model"), (dict(check_first=512), "wide model"),
+                                          (dict(check_every=4), "")])
+def test_grad_scaler_rejects_partial_overflow_check(flags, where):
+    """An overflow check that reads only part of each gradient (its first entries, a strided sample) misses
+    overflows of the wide scenario, drawn over the whole gradient and near its end (the small model's gradients
+    fit in the first entries): a step with an inf gradient is taken (values) and the scale does not back off
+    (schedule); the interface cell passes."""
+    ns = namespace(GradScaler=make_scaler(**flags))
+    with pytest.raises(AssertionError, match=f"{where}.*must be skipped.*check whole tensors"):
+        CHECKS["test_GradScaler"](ns)
+    with pytest.raises(AssertionError, match=f"{where}.*the scale after update\\(\\).*check whole tensors"):
+        CHECKS["test_GradScaler_update"](ns)
+    CHECKS["test_GradScaler_interface"](ns)
+
+
+def test_wide_scenario_draws_sizes_and_overflows_over_the_whole_gradient():
+    """Sizes within the stated ranges, different from one grading to the next; overflows in the two weights,
+    the first among the last entries of its gradient, in the unused parameter too for the schedule cell."""
+    from grader.hidden import ch09_mixed_precision as hidden
+    drawn = [hidden._wide_scenario() for _ in range(20)]
+    assert len({s["sizes"] for s in drawn}) > 1 and len({s["seed"] for s in drawn}) > 1
+    for s in drawn:
+        d, h, o, n_unused = s["sizes"]
+        assert 32 <= d <= 96 and 32 <= h <= 96 and 32 <= o <= 64 and 1024 <= n_unused <= 4096
+        poisons = [item["poison"] for item in s["plan"] if item["poison"] is not None]
+        assert len(poisons) == hidden.WIDE_OVERFLOWS and all(p[0] in (1, 3) for p in poisons)
+        assert all(0 <= p[1] < hidden._numel(s["sizes"], p[0]) for p in poisons)
+        assert poisons[0][1] >= hidden._numel(s["sizes"], poisons[0][0]) - hidden.NEAR_END
+        unused = [item["poison"] for item in hidden._poison_unused(s["plan"]) if item["poison"] is not None]
+        assert all(p[0] == hidden.UNUSED and 0 <= p[1] < n_unused for p in unused)
+        assert unused[0][1] >= n_unused - hidden.NEAR_END
 
 
 @pytest.mark.parametrize("flags, grade_id", [

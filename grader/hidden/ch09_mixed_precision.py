@@ -2,7 +2,11 @@
 
 GradScaler: one trusted driver (``probes.ch09_drive_scaler``) runs the same training steps, with
 overflows injected as inf/-inf/NaN written into a gradient, once in the student's process with the
-student's scaler and once here with ``torch.amp.GradScaler("cpu")``, the reference. The driver reads the
+student's scaler and once here with ``torch.amp.GradScaler("cpu")``, the reference. Besides fixed
+scenarios on a small model, each of the two cells draws a wide one at grading time (``_wide_scenario``):
+weights of 1024 to 9216 entries, an unused parameter of 1024 to 4096, seed, scale, growth_interval and
+optimizer drawn, and the overflows written at flat indices drawn over the whole gradient (the first among
+its last 64 entries), so an overflow check that reads only part of a gradient misses one. The driver reads the
 parameters the judge sent with the optimizer (one message), not ``optimizer.param_groups``, and ends with
 one more ``scale(loss).backward()`` so that the scale the last ``update()`` left is seen in gradient values.
 - values (test_GradScaler): ``scale()`` on float32/float16/bfloat16 losses; then, step by step, the
@@ -41,6 +45,7 @@ from torch import nn
 from coursekit.checks import check_close, check_equal, same_close
 from grader import probes
 from grader.api import fetch, hidden_test
+from grader.resources import draw, new_seed
 from grader.source_policy import Shortcut, SourcePolicy
 
 # The GradScaler exercise is compared with torch.amp.GradScaler: wrapping or calling it is not an answer.
@@ -56,7 +61,7 @@ TOL = dict(atol=1e-6, rtol=1e-5)  # same ops on both sides; only float32 roundin
 # thread): a few fp16 ulps. The mistakes looked for move parameters by a whole update or more.
 STEP_TOL = dict(atol=2e-5, rtol=1e-3)
 SKIP_HINT = ("a step whose gradients hold an inf or a NaN must be skipped entirely (inf, -inf and NaN all "
-             "count as overflow): do not call "
+             "count as overflow, in any entry of any gradient: check whole tensors): do not call "
              "optimizer.step() at all (zeroing the gradients and stepping still moves momentum and Adam state)")
 GROWTH_HINT = ("update(): on overflow multiply the scale by backoff_factor and reset the count of clean steps; "
                "otherwise add one clean step and, when the count reaches growth_interval, multiply by "
@@ -67,14 +72,16 @@ UNSCALE_HINT = "unscale_ multiplies every .grad by 1/S, once per iteration: step
 # (parameter index, numel) of the parameters that get a gradient: 0 is unused, 2 is frozen.
 WITH_GRAD = [(1, 77), (3, 55), (4, 5)]
 UNUSED = 0
+SMALL = (7, 11, 5, 3)  # in, hidden and out features, entries of the unused parameter
 
 
-def _model(seed: int) -> nn.Module:
+def _model(seed: int, sizes: tuple[int, int, int, int] = SMALL) -> nn.Module:
     """Two layers, an unused parameter (its .grad stays None) and a frozen one in the optimizer."""
+    d, h, o, n_unused = sizes
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = nn.Sequential(nn.Linear(7, 11), nn.Tanh(), nn.Linear(11, 5))
-        model.register_parameter("unused", nn.Parameter(torch.randn(3)))
+        model = nn.Sequential(nn.Linear(d, h), nn.Tanh(), nn.Linear(h, o))
+        model.register_parameter("unused", nn.Parameter(torch.randn(n_unused)))
         model[0].bias.requires_grad_(False)
     return model
 
@@ -108,12 +115,13 @@ def _run(nb, scenario: dict, follow: bool = False):
     its first scale is the one the student's scaler used, and each of its ``update()`` calls sets the
     scale the student's ``update()`` left (``update(new_scale)``). What the two runs are compared on
     then does not depend on the growth/backoff schedule, which a cell of its own grades."""
+    sizes = scenario.get("sizes", SMALL)
     g = torch.Generator().manual_seed(scenario["seed"])
-    x = torch.randn(13, 7, generator=g)
-    y = torch.randn(13, 5, generator=g) * scenario.get("target_scale", 1.0)
+    x = torch.randn(13, sizes[0], generator=g)
+    y = torch.randn(13, sizes[2], generator=g) * scenario.get("target_scale", 1.0)
     kwargs = dict(init_scale=scenario["init_scale"], growth_factor=scenario.get("growth_factor", 2.0),
                   backoff_factor=scenario.get("backoff_factor", 0.5), growth_interval=scenario["growth_interval"])
-    model = _model(scenario["seed"])
+    model = _model(scenario["seed"], sizes)
     pair = nb.put((model, _optimizer(scenario["opt"], model), list(model.parameters())))  # one message
     got = fetch(nb.apply(probes.ch09_drive_scaler, nb.GradScaler(**kwargs), pair[0], pair[1], x, y,
                          scenario["plan"], pair[2]))
@@ -121,7 +129,7 @@ def _run(nb, scenario: dict, follow: bool = False):
     if follow:
         kwargs = dict(kwargs, init_scale=got[0]["scale_used"])
         plan = [dict(item, new_scale=rec["scale"]) for item, rec in zip(plan, got)]
-    ref_model = _model(scenario["seed"])  # a fresh copy: local runs share objects
+    ref_model = _model(scenario["seed"], sizes)  # a fresh copy: local runs share objects
     ref = probes.ch09_drive_scaler(torch.amp.GradScaler("cpu", **kwargs), ref_model,
                                    _optimizer(scenario["opt"], ref_model), x, y, plan)
     return got, ref
@@ -132,8 +140,15 @@ def _what(scenario: dict) -> str:
     for key, default in (("growth_factor", 2.0), ("backoff_factor", 0.5)):
         if scenario.get(key, default) != default:
             args += f", {key}={scenario[key]:g}"
+    where = ""
+    if "sizes" in scenario:
+        d, h, o, n_unused = scenario["sizes"]
+        spots = [f"parameter {p[0]}[{p[1]}] of {_numel(scenario['sizes'], p[0])}" for p in
+                 (item["poison"] for item in scenario["plan"]) if p is not None]
+        where = (f"; model Linear({d}, {h}), Tanh, Linear({h}, {o}), an unused parameter of {n_unused} entries; "
+                 f"overflows written at {', '.join(spots)} (flat index of numel)")
     return (f"{scenario['name']} (GradScaler({args}), {scenario['opt']}; steps {_fmt_plan(scenario['plan'])}, "
-            "X = overflow)")
+            f"X = overflow{where})")
 
 
 def _overflowed(record: dict) -> bool:
@@ -201,8 +216,9 @@ def _float32(value: float) -> float:
 def _schedule_hint(before: float, got: float, want: float, overflow: bool, growth: float, backoff: float) -> str:
     """The hint for a scale after update() that differs from torch's."""
     if overflow:
-        return ("this step's gradients held an inf or a NaN (inf, -inf and NaN all count as overflow): update() "
-                "multiplies the scale by backoff_factor and resets the count of clean steps")
+        return ("this step's gradients held an inf or a NaN (inf, -inf and NaN all count as overflow, in any entry "
+                "of any gradient: check whole tensors): update() multiplies the scale by backoff_factor and resets "
+                "the count of clean steps")
     if want == before and got == before * growth:
         if not math.isfinite(_float32(before * growth)):
             return ("the scale never grows to inf: torch keeps S in float32, and when S × growth_factor would be "
@@ -280,10 +296,51 @@ SCENARIOS = [
 ]
 
 
+# The wide scenario: every size drawn at grading time from these ranges (the exercise's text states them).
+WIDE_IN, WIDE_HIDDEN, WIDE_OUT, WIDE_UNUSED = (32, 96), (32, 96), (32, 64), (1024, 4096)
+WIDE_STEPS, WIDE_OVERFLOWS = 12, 4
+NEAR_END = 64  # the first overflow of a wide scenario lands among the last NEAR_END entries of its gradient
+
+
+def _numel(sizes: tuple[int, int, int, int], index: int) -> int:
+    d, h, o, n_unused = sizes
+    return {UNUSED: n_unused, 1: h * d, 2: h, 3: o * h, 4: o}[index]
+
+
+def _wide_scenario() -> dict:
+    """A model whose parameters have thousands of entries, sizes, seed, optimizer and plan drawn now: the
+    overflows go into the two weights at flat indices drawn over the whole gradient, the first one among its
+    last NEAR_END entries, so a check that reads only part of a gradient misses some. ``unused_at`` is where
+    the same overflow goes in the unused parameter, drawn the same way (for the schedule cell)."""
+    sizes = (draw(*WIDE_IN), draw(*WIDE_HIDDEN), draw(*WIDE_OUT), draw(*WIDE_UNUSED))
+    seed = new_seed()
+    rng = random.Random(seed)
+    values = [float("inf"), float("-inf"), float("nan")]
+    rng.shuffle(values)
+    overflow_steps = sorted(rng.sample(range(1, WIDE_STEPS), WIDE_OVERFLOWS))
+    plan = []
+    for step in range(WIDE_STEPS):
+        item = {"poison": None, "unscale": rng.random() < 0.3, "twice": False}
+        if step in overflow_steps:
+            k = overflow_steps.index(step)
+            index = rng.choice((1, 3))
+            numel, n_unused = _numel(sizes, index), sizes[3]
+            if k == 0:  # near the end of the tensor
+                at, unused_at = rng.randrange(numel - NEAR_END, numel), rng.randrange(n_unused - NEAR_END, n_unused)
+            else:
+                at, unused_at = rng.randrange(numel), rng.randrange(n_unused)
+            item["poison"] = [index, at, values[k % 3]]
+            item["unused_at"] = unused_at
+        plan.append(item)
+    return dict(name="wide model", seed=seed, sizes=sizes, init_scale=2.0 ** draw(9, 16),
+                growth_interval=draw(1, 3), opt=rng.choice(("sgd", "adam")), plan=plan)
+
+
 def _poison_unused(plan: list[dict]) -> list[dict]:
     """The same overflows written into the gradient of the parameter the loss never reaches (index 0): a step
     that is not skipped then leaves the model finite, so the scale schedule is graded on its own."""
-    return [dict(item, poison=None if item["poison"] is None else [UNUSED, item["poison"][1] % 3, item["poison"][2]])
+    return [dict(item, poison=None if item["poison"] is None else
+                 [UNUSED, item.get("unused_at", item["poison"][1] % 3), item["poison"][2]])
             for item in plan]
 
 
@@ -292,11 +349,12 @@ def check_grad_scaler(nb):
     _check_scale_dtypes(nb)
     for scenario in SCENARIOS:
         _check_values(nb, scenario)
+    _check_values(nb, _wide_scenario())
 
 
 @hidden_test("test_GradScaler_update")
 def check_grad_scaler_update(nb):
-    for scenario in SCENARIOS[:3]:
+    for scenario in (*SCENARIOS[:3], _wide_scenario()):
         _check_schedule(nb, dict(scenario, plan=_poison_unused(scenario["plan"])))
     _check_schedule(nb, SCENARIOS[3])
     # Growth that would reach inf in float32 (2^127 × 2): torch leaves the scale where it is.
