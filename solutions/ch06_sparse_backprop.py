@@ -168,9 +168,10 @@ def meprop_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     4 GiB. Use public torch APIs only. test_meprop_linear_compute also times the unified backward from
     outside your process (the CPU time its cgroup reads, whatever else the machine runs) on a wide
     layer: B, n_in and n_out each drawn from 1792 to 2304, k from 4 to 32, x, W and b requiring grad.
-    Your backward may use at most a third of the CPU time that the dense backward's two products (g W
-    and gᵀ x) take on the same inputs (the compacted products need k / n_out of their FLOPs, at most
-    32 / 1792); one over the limit is timed once more and the better call counts. dx, dW and db of
+    Your backward may use at most a third of the CPU time that the dense backward (its two products g W
+    and gᵀ x, and the bias gradient) takes on the same inputs (the compacted products need k / n_out of
+    their FLOPs, at most 32 / 1792); a call over the limit is timed once more, the dense backward too,
+    and the better of each counts. dx, dW and db of
     those very calls are checked against the grader's own reference.
     """
     ### BEGIN SOLUTION
