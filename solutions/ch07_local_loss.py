@@ -379,7 +379,12 @@ from grader.api import run_hidden; run_hidden("ch07_local_loss", "test_predsim_l
 #   soon as its gradient is ready (and gradients of the previous step must not add in).
 #
 # The backward comes *before* the next block's forward: that is what frees the block's
-# activations early. Section 4 measures it.
+# activations early, so that the step holds one block's graph at a time. Summing the local losses
+# and calling `backward()` once at the end gives exactly the same updates (with the detaches, each
+# block still gets its own loss's gradient only) but keeps every block's graph alive until then:
+# backprop's memory. The grader reads your step's peak memory on two networks whose sizes it
+# draws at grading time (the docstring gives the ranges), so the step must free each block's graph
+# whatever the number of blocks and the batch; section 4 measures it.
 
 # %% exercise="local_training_step"
 def local_training_step(blocks: list[nn.Module], heads: list[nn.Module], optimizers: list[torch.optim.Optimizer],
@@ -408,7 +413,17 @@ def local_training_step(blocks: list[nn.Module], heads: list[nn.Module], optimiz
     from its own loss only (Adam and SGD, a different learning rate per block, K up to 4,
     B = 37); x.grad staying None; the loss seeing h, not the dropped-out output (blocks with
     dropout p = 0.5 drawing masks from their own generator, so call each block exactly once);
-    the returned list; the ValueError. Each graded cell may use 60 s and 4 GiB.
+    the returned list; the ValueError; and the memory, one block's graph at a time whatever the
+    sizes (test_local_training_step_memory): two steps, each on a fresh network of K blocks
+    Linear-BatchNorm-ReLU of 192 to 256 units with linear cross-entropy heads and SGD with
+    momentum, one with K = 5 to 7 blocks and a float64 batch of 2048 to 3072 examples, the other
+    with K = 8 to 12 blocks and a batch of 1024 to 3072 (every size drawn at grading time, so
+    the step must not depend on them). In each, your process's peak memory during the step, read
+    from outside it (its cgroup), may exceed the peak of the course's own local backward of one
+    of those blocks on the same batch only by the step's gradients and momentum buffers and four
+    (B, width) activations; keeping every block's graph for one backward at the end needs about K
+    blocks' worth. The losses and parameters of those very steps are checked against the
+    grader's reference. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if not len(blocks) == len(heads) == len(optimizers) or not blocks:
@@ -500,6 +515,30 @@ else:
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch07_local_loss", "test_local_training_step_returns", globals())
+### END HIDDEN TESTS
+
+# %% test="test_local_training_step_memory" points=2 checks="local_training_step"
+torch.manual_seed(4)
+mem_blocks = [LocalBlock(64, 64) for _ in range(8)]
+mem_heads = [GlobalHead() for _ in mem_blocks]  # cross-entropy on h itself: a loss with no parameters
+mem_opts = [torch.optim.SGD(b.parameters(), lr=0.01) for b in mem_blocks]
+x_mem, y_mem = torch.randn(512, 64), torch.randint(0, 3, (512,))
+
+
+def mem_step():
+    local_training_step(mem_blocks, mem_heads, mem_opts, x_mem, y_mem)
+    return mem_blocks[-1].linear.bias.sum()  # measure() wants a loss; every block did its own backward already
+
+
+m_step = measure(mem_step, *mem_blocks)
+m_block = measure(lambda: mem_heads[0](mem_blocks[0](x_mem)[0], y_mem), mem_blocks[0])  # one block's graph
+assert m_step.peak_activation_bytes <= 2 * m_block.peak_activation_bytes, \
+    f"the step held {m_step.peak_activation_bytes:,} activation bytes at its peak, one block's graph takes " \
+    f"{m_block.peak_activation_bytes:,}: run each block's backward before the next block's forward, so that its " \
+    "graph is freed right away (a summed backward at the end keeps every block's graph)"
+print("visible checks passed")
+### BEGIN HIDDEN TESTS
+from grader.api import run_hidden; run_hidden("ch07_local_loss", "test_local_training_step_memory", globals())
 ### END HIDDEN TESTS
 
 # %% [markdown]

@@ -16,9 +16,13 @@ import torch
 import torch.nn.functional as F
 
 from grader.api import LocalNamespace, checks_for
+from grader.hidden import ch07_local_loss as ch07
+from grader.notebooks import grade_id, read_source
+from grader.resources import Meter
+from grader.sandbox import judge
 
-from wrong_submissions_ch07_local_loss import WRONG
-from sandbox_checks import sandbox_tests
+from wrong_submissions_ch07_local_loss import MEMORY_WRONG, SIZE_SWITCH_WRONG, WRONG
+from sandbox_checks import LIMITS, program, sandbox_tests
 
 CHAPTER = "ch07_local_loss"
 CHECKS = checks_for(CHAPTER)
@@ -27,7 +31,8 @@ GRADE_IDS = {
                           "test_similarity_matrix_edge_cases"],
     "predsim_loss": ["test_predsim_loss_values", "test_predsim_loss_conv", "test_predsim_loss_edge_cases"],
     "local_training_step": ["test_local_training_step_values", "test_local_training_step_detach",
-                            "test_local_training_step_dropout", "test_local_training_step_returns"],
+                            "test_local_training_step_dropout", "test_local_training_step_returns",
+                            "test_local_training_step_memory"],
     "bp_schedule": ["test_bp_schedule_values", "test_bp_schedule_errors"],
     "dgl_schedule": ["test_dgl_schedule_values", "test_dgl_schedule_errors"],
 }
@@ -235,7 +240,7 @@ def make_local(detach="each", loss_on="h", optimizer="own", zero=True, returns="
     def step(blocks, heads, optimizers, x, y):
         if validate and (not blocks or not len(blocks) == len(heads) == len(optimizers)):
             raise ValueError("lengths")
-        feed = x if detach in ("none", "sum", "not_x") else x.detach()
+        feed = x if detach in ("none", "sum", "not_x") else x.detach()  # "sum_detached": detached, summed at the end
         losses, total = [], 0
         if detach == "none":  # deep supervision, one backward per loss: zero once, step at the end
             for o in optimizers:
@@ -246,7 +251,7 @@ def make_local(detach="each", loss_on="h", optimizer="own", zero=True, returns="
                 out = block(feed)[1]
             loss = head(out if loss_on == "out" else h, y)
             opt = optimizers[0] if optimizer == "first" else optimizers[j]
-            if detach == "sum":
+            if detach in ("sum", "sum_detached"):
                 total = total + loss
             elif detach == "none":
                 loss.backward(retain_graph=True)
@@ -261,11 +266,11 @@ def make_local(detach="each", loss_on="h", optimizer="own", zero=True, returns="
                     opt.step()
             losses.append(loss)
             feed = out if detach in ("none", "sum") else out.detach()
-        if detach == "sum":
+        if detach in ("sum", "sum_detached"):
             for o in optimizers:
                 o.zero_grad()
             total.backward()
-        if detach in ("none", "sum"):
+        if detach in ("none", "sum", "sum_detached"):
             for o in optimizers:
                 o.step()
         if returns == "floats":
@@ -293,6 +298,64 @@ def make_local(detach="each", loss_on="h", optimizer="own", zero=True, returns="
 def test_local_training_step_rejects(wrong, grade_id, message):
     with pytest.raises(AssertionError, match=message):
         CHECKS[grade_id](namespace(local_training_step=wrong))
+
+
+def test_summed_backward_has_the_right_values_and_fails_only_on_memory():
+    """Detached between blocks, every block's graph kept for one backward of the summed losses at the end: the
+    same updates and losses as local learning, backprop's peak memory."""
+    wrong = make_local(detach="sum_detached")
+    run("local_training_step", wrong, [g for g in GRADE_IDS["local_training_step"]
+                                       if g != "test_local_training_step_memory"])
+    with pytest.raises(AssertionError, match="graphs of several blocks"):
+        CHECKS["test_local_training_step_memory"](namespace(local_training_step=wrong))
+
+
+def size_switching_step(blocks, heads, optimizers, x, y):
+    """Wrong: the local loop only where the memory cell once drew its sizes (K >= 8 blocks and a batch >= 2048);
+    everywhere else every block's graph stays alive for one backward of the summed local losses at the end."""
+    if len(blocks) >= 8 and x.shape[0] >= 2048:
+        return make_local()(blocks, heads, optimizers, x, y)
+    return make_local(detach="sum_detached")(blocks, heads, optimizers, x, y)
+
+
+def test_size_switching_step_has_the_right_values_and_fails_only_on_memory():
+    """The memory cell grades two cases, one of 5 to 7 blocks: a step that frees each block's graph only on the sizes
+    of one published range loses the cell on every draw, and only that cell."""
+    run("local_training_step", size_switching_step, [g for g in GRADE_IDS["local_training_step"]
+                                                     if g != "test_local_training_step_memory"])
+    for _ in range(2):  # sizes are drawn anew each time
+        with pytest.raises(AssertionError, match="graphs of several blocks"):
+            CHECKS["test_local_training_step_memory"](namespace(local_training_step=size_switching_step))
+
+
+@pytest.mark.parametrize("case", range(len(ch07.MEM_CASES)))
+def test_memory_cases_separate_at_the_small_ends_of_their_ranges(case):
+    """Where the summed backward's excess over the bound is smallest (fewest blocks, narrowest, smallest batch), it
+    still fails and the correct step passes."""
+    blocks_range, width_range, batch_range = ch07.MEM_CASES[case]
+    K, width, B = blocks_range[0], width_range[0], batch_range[0]
+    nb = namespace(local_training_step=make_local(detach="sum_detached"))
+    with pytest.raises(AssertionError, match="graphs of several blocks"):
+        ch07._memory_case(nb, Meter(nb), K, width, B)
+    nb = namespace()
+    ch07._memory_case(nb, Meter(nb), K, width, B)
+
+
+def test_memory_ranges_are_stated_in_the_exercise_text():
+    """Every range the memory cell draws from is stated in local_training_step's docstring."""
+    nb = read_source(CHAPTER)
+    text = " ".join(next(c.source for c in nb.cells if grade_id(c) == "local_training_step").split())
+    for (k_lo, k_hi), (w_lo, w_hi, _), (b_lo, b_hi, _) in ch07.MEM_CASES:
+        assert f"K = {k_lo} to {k_hi} blocks" in text
+        assert f"batch of {b_lo} to {b_hi}" in text
+        assert f"{w_lo} to {w_hi} units" in text
+    assert "drawn at grading time" in text
+
+
+def test_memory_cell_passes_a_step_that_frees_gradients_after_each_update():
+    """The second implementation zeroes (frees) each block's gradients after its step; the family's default keeps
+    them, and the loss tensors, until the end: both hold one block's graph at a time."""
+    CHECKS["test_local_training_step_memory"](namespace(local_training_step=make_local()))
 
 
 def test_detach_cell_catches_deep_supervision_without_an_input_that_needs_grad():
@@ -389,3 +452,17 @@ test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tes
                                "local_training_step": "test_local_training_step_detach",
                                "bp_schedule": "test_bp_schedule_values",
                                "dgl_schedule": "test_dgl_schedule_values"})
+
+
+@pytest.mark.parametrize("wrong", [MEMORY_WRONG, SIZE_SWITCH_WRONG], ids=["summed", "size_switch"])
+def test_sandbox_memory_wrong_loses_only_its_memory_cell(wrong):
+    """Detached between blocks, one summed backward at the end (always, or outside the range the memory cell once
+    drew from): every value right, every block's graph alive at once. The worker's cgroup shows it, so the memory
+    cell fails and the exercise's other cells pass."""
+    cells = GRADE_IDS["local_training_step"]
+    memory = "test_local_training_step_memory"
+    source = wrong[(CHAPTER, "local_training_step")]
+    outcomes = judge.run_checks(CHAPTER, program(CHAPTER, {"local_training_step": source}), list(cells), LIMITS,
+                                checks=CHECKS)
+    assert not outcomes[memory].passed and "read from outside your process" in outcomes[memory].reason
+    assert all(outcomes[gid].passed for gid in cells if gid != memory), {gid: outcomes[gid].reason for gid in cells}

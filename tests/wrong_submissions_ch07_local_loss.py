@@ -82,3 +82,64 @@ def dgl_schedule(fwd, bwd, n_batches):
     return F_, [[F_[k][t] + fwd[k] for t in range(n_batches)] for k in range(K)]
 ''',
 }
+
+# A plausible wrong answer that loses only local_training_step's memory cell (test_local_training_step_memory, read
+# from outside the student's process): detached between blocks, so every block learns from its own loss only and
+# the updates and losses are the method's, but every block's graph is kept and the summed local losses are
+# back-propagated once at the end: backprop's peak memory. Graded through the sandbox by
+# tests/test_hidden_ch07_local_loss.py.
+MEMORY_WRONG = {
+    ("ch07_local_loss", "local_training_step"): '''
+def local_training_step(blocks, heads, optimizers, x, y):
+    """Wrong: detached between blocks, but one backward of the summed local losses at the end keeps every block's
+    graph alive until then (test_local_training_step_memory)."""
+    if not len(blocks) == len(heads) == len(optimizers) or not blocks:
+        raise ValueError("one head and one optimizer per block")
+    inp, total, losses = x.detach(), 0, []
+    for block, head in zip(blocks, heads):
+        h, out = block(inp)
+        loss = head(h, y)
+        total = total + loss
+        losses.append(loss.item())
+        inp = out.detach()
+    for optimizer in optimizers:
+        optimizer.zero_grad()
+    total.backward()
+    for optimizer in optimizers:
+        optimizer.step()
+    return losses
+''',
+}
+
+# Wrong in the same property, and only on some sizes: the local loop only where the memory cell once drew its sizes
+# (K >= 8 blocks and a batch >= 2048), one summed backward at the end everywhere else. The memory cell grades two
+# cases with sizes drawn at grading time, one of 5 to 7 blocks, so it loses that cell on every draw (and only it).
+SIZE_SWITCH_WRONG = {
+    ("ch07_local_loss", "local_training_step"): '''
+def local_training_step(blocks, heads, optimizers, x, y):
+    """Wrong: frees each block's graph right after its backward only on K >= 8 blocks and a batch >= 2048; on every
+    other input one backward of the summed local losses at the end keeps every block's graph alive until then."""
+    if not len(blocks) == len(heads) == len(optimizers) or not blocks:
+        raise ValueError("one head and one optimizer per block")
+    inp, total, losses = x.detach(), 0, []
+    local = len(blocks) >= 8 and x.shape[0] >= 2048
+    for block, head, optimizer in zip(blocks, heads, optimizers):
+        h, out = block(inp)
+        loss = head(h, y)
+        losses.append(loss.item())
+        if local:
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        else:
+            total = total + loss
+        inp = out.detach()
+    if not local:
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        total.backward()
+        for optimizer in optimizers:
+            optimizer.step()
+    return losses
+''',
+}

@@ -3,7 +3,11 @@ dgl_schedule.
 
 Every reference is written here from the formulas (float64 autograd; the schedules by an event
 simulation in exact fractions) and compared with values fetched from the student's process.
-Nothing measured inside that process decides a point. A wrong value is diagnosed against the
+Nothing measured inside that process decides a point: local_training_step's memory cell reads the
+worker's cgroup peak during two steps, one of few blocks and one of many (every size drawn at
+grading time), each against the peak of the course's own local backward of one block
+(probes.ch07_block_step) on the same batch, with the losses and parameters of that step checked
+against the reference. A wrong value is diagnosed against the
 plausible mistakes (no centring, no normalisation, std over space skipped, beta on the wrong
 term, missing detach, the loss on the dropped-out output, a block waiting for the previous
 block's backward, ...) so that the message names the property that failed.
@@ -20,6 +24,7 @@ from torch import nn
 from coursekit.checks import check_close, same_close
 from grader import probes
 from grader.api import fetch, hidden_test
+from grader.resources import GROWTH, Meter, MiB, draw, fresh_tensor, mib, new_seed, seeded
 
 TOL = dict(atol=1e-9, rtol=1e-7)  # float64 throughout: the mistakes we look for are >= 1e-3
 STEP_TOL = dict(atol=1e-7, rtol=1e-6)
@@ -468,6 +473,108 @@ def check_local_training_step_returns(nb):
         names = fetch(nb.apply(probes.raised, nb.local_training_step, *args))
         if names is None or "ValueError" not in names:
             raise AssertionError(f"local_training_step with {what} should raise ValueError")
+
+
+MEM_CASES = (  # the memory cell grades two cases, each with its sizes drawn at grading time from these ranges:
+    ((5, 7), (192, 256, 32), (2048, 3072, 256)),  # few blocks: K = 5 to 7, width 192 to 256, a batch of 2048 to 3072
+    ((8, 12), (192, 256, 32), (1024, 3072, 256)),  # many blocks: K = 8 to 12, width 192 to 256, a batch of 1024 to 3072
+)
+MEM_CLASSES = 10
+MEM_SLACK_ACTIVATIONS = 4  # the step may hold this many (B, width) activations beyond one block's local backward
+# Measured in sandboxed workers, the two cases in the check's order, alone and beside a CPU burner (the same to 0.3
+# MiB), MiB (K, width, B): bound = the baseline's peak + the state + 4 activations.
+#   case  sizes            course's step   bound   summed backward (excess)   second correct answer
+#   few   (5, 192, 2048)        18.9        27.1       38.2 (+10.8 to +11.3)       18.7
+#   few   (7, 256, 3072)        37.7        55.4       99.1 (+43.4)                37.7
+#   many  (8, 192, 1024)        11.8        17.0       27.8 (+10.7 to +11.1)       11.8
+#   many  (12, 192, 1024)       14.1        19.4       40.0 (+20.8)                13.9
+#   many  (12, 256, 3072)       41.7        60.7      159.1 (+98.5)                41.7
+# The smallest excess (10.7 MiB, at the small ends) stays above what a call could hide: FOOTPRINT plus the allowed
+# growth less what the judge's own warm-up keeps of it (the math library's buffers, block 0's gradients), 6.5 to
+# 8.1 MiB there. Fewer blocks (K = 4: +5.6 at (4, 256, 2048)) or a smaller batch (+7.3 at (12, 256, 512), where the
+# course's step comes within 1 to 3 MiB of the bound) would not separate them.
+MEMORY_HINT = ("run block j's backward and optimizer step before block j + 1's forward, so that block j's graph (its "
+               "saved activations) is freed right away: the local step then holds one block's graph at a time. Summing "
+               "the local losses and calling backward once at the end gives the same updates, but keeps every block's "
+               "graph alive until then: backprop's memory")
+
+
+def _memory_case(nb, meter, K: int, width: int, B: int, earlier: int = 0, report: dict | None = None) -> None:
+    """One memory case: K blocks Linear(width, width)-BatchNorm-ReLU with linear CE heads, SGD with momentum, a
+    float64 batch of B. The step's peak (cgroup) against the course's local backward of one block on the same batch;
+    the losses and parameters of that very step against the reference. ``earlier``: the bytes of the (B, width)
+    activations of the check's earlier cases (the math library's work buffers for their shapes stay).
+    ``report`` (measurements only) gets the numbers instead of the verdict on the peak."""
+    x_seed, init_seed = new_seed(), new_seed() % 100_000
+    y = torch.randint(0, MEM_CLASSES, (B,), generator=_gen(new_seed()))
+    spec = ("sgd", [0.05 + 0.01 * j for j in range(K)])
+    blocks, heads = _network([width] * (K + 1), MEM_CLASSES, init_seed)
+    what = (f"local_training_step on {K} blocks Linear({width}, {width})-BatchNorm-ReLU with linear CE heads, a float64 "
+            f"batch of {B}")
+    mine = copy.deepcopy((blocks, heads))  # a copy: in-kernel, put hands over the objects themselves
+    state_h = meter.put((*mine, _optimizers(*mine, spec)))
+    one = meter.put((copy.deepcopy(blocks[0]), copy.deepcopy(heads[0])))
+    activation = B * width * 8
+    # The course's own local backward of one block (no optimizer step) on a batch of this shape, once before the
+    # readings: the math library (MKL) keeps work buffers of about 1.25 (B, width) activations for the shapes it
+    # multiplied, charged to whoever multiplies them first (an earlier case's buffers stay too), and block 0's copy
+    # keeps its gradients. They may stay, beside the usual growth. Of that growth only what the student's code kept
+    # of an earlier case could be theirs to free as ballast, beside what their exercise cells hold (FOOTPRINT).
+    # After an earlier case the allocator also keeps about 1 MiB more of its small objects.
+    nb.apply(probes.ch07_block_step, one[0], one[1], fresh_tensor(nb, (B, width), torch.float64, False), nb.put(y))
+    growth = GROWTH + (activation + earlier) * 5 // 4 + (3 if earlier else 2) * MiB
+
+    def batch():
+        return [meter.tensor((B, width), dtype=torch.float64, requires_grad=False, seed=x_seed), meter.put(y)]
+
+    # The baseline, one block's graph: the course's local backward of block 0 on the step's batch.
+    base, _ = meter.held_by(lambda x, y_: nb.apply(probes.ch07_block_step, one[0], one[1], x, y_), inputs=batch,
+                            allowed_growth=growth)
+    if report is not None:  # measurements only: what the process held beyond its floor before the step
+        report["grown"] = nb.memory().held - meter.floor - meter.booked
+    held, losses = meter.held_by(lambda x, y_: nb.local_training_step(state_h[0], state_h[1], state_h[2], x, y_),
+                                 inputs=batch, allowed_growth=growth)
+    # Values on the same call: the losses and every parameter against the judge's reference.
+    x = seeded((B, width), torch.float64, x_seed)
+    ref_blocks, ref_heads, ref_losses = _reference(blocks, heads, spec, [(x, y)])
+    desc = fetch(nb.apply(probes.ch07_describe, losses))
+    got = [item["value"] for item in desc["items"] or []] if desc["type"] == "list" else []
+    if len(got) != K or any(v is None for v in got):
+        raise AssertionError(f"{what}: returned {desc['type']} {got}, expected the {K} local losses as Python floats")
+    check_close(torch.tensor(got, dtype=torch.float64), torch.tensor(ref_losses[0], dtype=torch.float64),
+                f"{what}: the returned losses", "each block's local loss, as computed before its optimizer step",
+                **STEP_TOL)
+    tables = {f"block {j}": fetch(nb.apply(probes.param_table, state_h[0][j])) for j in range(K)}
+    tables.update({f"head {j}": fetch(nb.apply(probes.param_table, state_h[1][j])) for j in range(K)})
+    _compare_params(what, tables, ref_blocks, ref_heads,
+                    "block j and heads[j] are updated by optimizers[j] alone, from block j's local loss")
+    # The step's own state: a gradient and a momentum buffer per parameter (SGD with momentum).
+    state = 2 * sum(p.numel() * p.element_size() for m in blocks + heads for p in m.parameters())
+    bound = base.peak + state + MEM_SLACK_ACTIVATIONS * activation
+    if report is not None:
+        report.update(K=K, width=width, B=B, activation=activation, base=base.peak, peak=held.peak, state=state,
+                      bound=bound, growth=growth)
+        return
+    if held.peak > bound:
+        raise AssertionError(
+            f"{what}: during the step your process's memory rose by {mib(held.peak)} at its peak (read from outside "
+            f"your process), while the course's local backward of one block on the same batch peaks at "
+            f"{mib(base.peak)}; with the step's gradients and momentum buffers ({mib(state)}) and "
+            f"{MEM_SLACK_ACTIVATIONS} more ({B}, {width}) activations ({mib(activation)} each) the step may reach "
+            f"{mib(bound)}: your step held the graphs of several blocks at once. {MEMORY_HINT}")
+
+
+@hidden_test("test_local_training_step_memory")
+def check_local_training_step_memory(nb):
+    earlier = 0
+    for blocks_range, width_range, batch_range in MEM_CASES:
+        K, width, B = draw(*blocks_range), draw(*width_range), draw(*batch_range)
+        # A Meter per case, made before the case's first call: the previous case's objects are gone by then (its
+        # handles dropped, the worker's garbage collected at the Meter's first reading), and whatever the student's
+        # code kept of them counts against this case's growth.
+        meter = Meter(nb)
+        _memory_case(nb, meter, K, width, B, earlier=earlier)
+        earlier += B * width * 8
 
 
 # --- schedules ---------------------------------------------------------------------------------------

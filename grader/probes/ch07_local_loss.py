@@ -89,3 +89,13 @@ def ch07_exact(value, depth: int = 0):
         q = Fraction(value)
         return {"type": type(value).__name__, "value": f"{q.numerator}/{q.denominator}"}
     return {"type": type(value).__name__}
+
+
+def ch07_block_step(block: nn.Module, head: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """The course's own local backward of one block: ``h, out = block(x)``, ``head(h, y).backward()``, no
+    optimizer step. A hidden test reads its peak memory from outside the process: what holding one block's
+    graph at a time costs, the baseline of a local training step's peak."""
+    h, _out = block(x.detach())
+    loss = head(h, y)
+    loss.backward()
+    return float(loss.detach())
