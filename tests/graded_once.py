@@ -9,7 +9,7 @@ worker, wait for it and read its output. The batch lives in ``build/test-runs/<r
 run id is pytest-xdist's, shared by every worker of one run.
 
 The batch is graded with every value a probe measures inside the student's process (saved bytes, FLOPs;
-``grader.probes.in_process`` ``explains``) replaced by a claim that fails the cell of any check consulting it:
+``grader.sandbox.trusted.in_process`` ``explains``) replaced by a claim that fails the cell of any check consulting it:
 so the references' and second answers' full marks show that no point rests on such a measurement.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """No point rests on what a probe measures inside the student's process.
 
 Bytes saved for backward, FLOPs and op traces are counted in the process whose code is graded: that code can
-hide from them or edit them. Probes mark such values (``grader.probes.in_process``); the once-per-run batch
+hide from them or edit them. Probes mark such values (``grader.sandbox.trusted.in_process``); the once-per-run batch
 (``graded_once``) grades the references and the second correct answers with every ``explains`` value replaced by
 a claim that fails the cell of any check consulting it, and they must keep full marks. ``restricts`` values (a
 forbidden operator seen, layers run out of order) may take a point away, never award one; each is named in the

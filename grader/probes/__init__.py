@@ -43,7 +43,7 @@ The rules a probe follows, and why:
    ``grader.sandbox.codec`` encodes (tensors detached and cloned, numbers, strings, lists,
    tuples, dicts, None).
 7. **It says what it measures inside the student's process.** A probe that reports bytes saved for backward,
-   FLOPs, op traces or the calls it saw marks those keys with :func:`in_process`: ``explains`` for what may
+   FLOPs, op traces or the calls it saw marks those keys with ``grader.sandbox.trusted.in_process``: ``explains`` for what may
    only explain a verdict an outside reading reached (the judge's tests replace them with values that fail
    any check that consults them, ``grader.sandbox.handles.POISON_ENV``), ``restricts`` for traces that may
    take a point away but never award one (a forbidden operator seen, a layer run out of order). The grading
@@ -54,16 +54,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from types import ModuleType
-
-
-def in_process(explains: tuple[str, ...] = (), restricts: tuple[str, ...] = ()):
-    """Mark the keys of a probe's result that it measured inside the student's process (rule 7 above);
-    ``"*"`` stands for the whole result."""
-    def mark(fn):
-        fn.in_process_explains = tuple(explains)
-        fn.in_process_restricts = tuple(restricts)
-        return fn
-    return mark
 
 
 def _defined_in(module: ModuleType) -> dict[str, object]:

@@ -174,7 +174,7 @@ Residual risks, stated plainly:
   integrity check stops monkeypatching, the common case, but not in-place edits, tensors stashed on
   ``ctx`` or module attributes where ``saved_tensors_hooks`` never sees them, or native code. Probe
   results are claims: points come from values the judge recomputes and from readings of the cgroup.
-  Probes mark what they count in the process (``grader.probes.in_process``): saved bytes and FLOPs
+  Probes mark what they count in the process (``grader.sandbox.trusted.in_process``): saved bytes and FLOPs
   only explain a failure (the test suite grades the references and second answers with them replaced
   by values that fail any check consulting them, ``tests/test_in_process_claims.py``); the traces that
   remain (the order in which layers are recomputed, op traces, dtypes produced, the Triton

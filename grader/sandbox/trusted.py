@@ -31,6 +31,17 @@ def in_package(module, package: str | None) -> bool:
             and (module == package or module.startswith(f"{package}.")))
 
 
+def in_process(explains: tuple[str, ...] = (), restricts: tuple[str, ...] = ()):
+    """Mark the keys of a probe's result that it measured inside the student's process (``grader/probes``, rule 7):
+    ``explains`` may only explain a verdict (``handles.POISON_ENV`` replaces them in tests), ``restricts`` may take a
+    point away, never award one; ``"*"`` stands for the whole result. Not itself a probe: the sandbox reads the marks."""
+    def mark(fn):
+        fn.in_process_explains = tuple(explains)
+        fn.in_process_restricts = tuple(restricts)
+        return fn
+    return mark
+
+
 def probe_modules(package: str) -> list[ModuleType]:
     """Import ``package`` and every module inside it (sub-packages included), in name order."""
     root = importlib.import_module(package)
