@@ -33,6 +33,11 @@ may *say* is limited too, by reading its syntax tree (nothing of it runs here):
   class such as ``nn.modules.batchnorm._BatchNorm`` excepted) and on any object unless the cell
   itself sets that name somewhere (``self._scale = ...``, ``ctx._shape = ...``) and it does not
   name torch's hook tables, raw pointers or a kernel's source.
+* **No code the garbage collector would run.** The grader collects garbage before each reading, so code run
+  at a collection could tell a measured call from the others, or run while the grader times its own work. ``__del__``
+  is a refused dunder, ``weakref`` and ``gc`` refused modules; a generator may not hold ``try`` or ``with`` (closing a
+  suspended generator runs them), ``async def`` is refused, as are the weak references of hook handles
+  (``hooks_dict_ref``) and ``torch.utils.data.datapipes``, whose finalizers call methods a subclass can replace.
 * **A chapter's shortcuts** (``SourcePolicy.shortcuts``): what its text forbids, refused in
   every spelling (an import, a dotted name, an alias the module itself re-exports, an attribute
   name on any object): ``torch.utils.checkpoint`` in chapter 2, the course's own kernels, and
@@ -75,6 +80,8 @@ DENIED = {
     "torch.serialization": "it unpickles data, which runs code",
     "torch.storage": "it exposes raw storage",
     "torch.profiler": "it hooks into the dispatcher",
+    "torch.utils.data.datapipes": "its finalizers call methods a subclass can replace, code the garbage collector "
+                                  "would run during the grader's own work",
     "torch.autograd.profiler": "it hooks into the dispatcher",
     "torch.monitor": "it is not exercise material",
     "numpy.ctypeslib": "it reads and writes raw process memory",
@@ -100,6 +107,8 @@ ORIGINS_REFUSED = {
                      "torch._subclasses", "torch._higher_order_ops", "torch._prims", "torch._C._functorch",
                      "torch._C._dispatch", "torch.overrides", "torch.fx", "torch.jit", "torch.library"),
                     "it switches off or goes around the grader's operator tracing"),
+    "torch.utils.data.datapipes": "its finalizers call methods a subclass can replace, code the garbage collector "
+                                  "would run during the grader's own work",
     **dict.fromkeys(("torch.serialization", "numpy.lib.npyio", "numpy.lib._npyio_impl", "numpy.lib.format",
                      "numpy.lib._format_impl"), "it reads or writes files or pickles, which can run code"),
     **dict.fromkeys(("numpy.lib.stride_tricks", "numpy.lib._stride_tricks_impl", "numpy.ctypeslib",
@@ -171,6 +180,9 @@ ATTRIBUTES_REFUSED = {
     **dict.fromkeys(("get_capture_scope", "used_global_vals", "src", "parse", "rewrite", "rewritten_fn",
                      "_unsafe_update_src", "_set_src", "_get_src", "_do_compile"),
                     "it reaches a kernel's namespace or replaces its source"),
+    **dict.fromkeys(("hooks_dict_ref", "extra_dict_ref"),
+                    "it is a weak reference: it tells when the garbage collector ran, which the grader does before "
+                    "it measures"),
     **dict.fromkeys(("saved_tensors_hooks", "save_on_cpu", "disable_saved_tensors_hooks"),
                     "it hides what autograd saves from the grader's measurements; save with ctx.save_for_backward"),
     **dict.fromkeys(("sys", "os", "gc", "inspect", "importlib", "builtins", "pickle", "marshal", "types",
@@ -178,6 +190,22 @@ ATTRIBUTES_REFUSED = {
                      "weakref", "posix", "runpy", "_posixsubprocess"),
                     "it reaches a module that exercises may not use"),
 }
+FINALIZER_WHY = ("the garbage collector would run it when it finalizes the object, so it could run during the "
+                 "grader's own work (which collects garbage before it measures)")
+
+
+def _own_nodes(fn) -> list[ast.AST]:
+    """The nodes of a function's body, nested functions, lambdas and classes left out (their yields are theirs)."""
+    found, todo = [], list(ast.iter_child_nodes(fn))
+    while todo:
+        n = todo.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        found.append(n)
+        todo.extend(ast.iter_child_nodes(n))
+    return found
+
+
 ATTRIBUTE_PATTERNS = (
     (re.compile(r"^register_module_\w*hook$"), "it installs a hook on every module, the grader's own included"),
     (re.compile(r"Storage$"), "it exposes raw storage"),
@@ -618,9 +646,23 @@ class _Checker(ast.NodeVisitor):
 
     def visit_FunctionDef(self, node) -> None:
         self._check_definition(node, node.name)
+        self._check_generator_cleanup(node)
         self.generic_visit(node)
 
-    visit_AsyncFunctionDef = visit_FunctionDef
+    def visit_AsyncFunctionDef(self, node) -> None:
+        self.refuse(node, "async def", FINALIZER_WHY, "exercises need no coroutines")
+        self.visit_FunctionDef(node)
+
+    def _check_generator_cleanup(self, node) -> None:
+        """A generator that may be suspended inside try or with runs that code when the garbage collector
+        finalizes it: code the grader's own collections would run, between its readings."""
+        own = [n for n in _own_nodes(node) if isinstance(n, (ast.Yield, ast.YieldFrom))]
+        if not own:
+            return
+        for inner in _own_nodes(node):
+            if isinstance(inner, (ast.Try, ast.TryStar, ast.With, ast.AsyncWith)):
+                self.refuse(inner, "try or with in a generator", FINALIZER_WHY,
+                            "compute the values first and yield them outside try and with, or return a list")
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self._check_definition(node, node.name)

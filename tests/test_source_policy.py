@@ -125,6 +125,12 @@ ALLOWED = [
     ("ch00_memory", "def f(x):\n    match x:\n        case torch.Tensor(shape=s):\n            return s"),
     ("ch00_memory", "import functools\ndef f(g):\n    @functools.wraps(g)\n    def h(*a):\n        return g(*a)\n"
                     "    return h"),
+    # generators without cleanup code, and cleanup code outside generators
+    ("ch03_accumulation", "def chunks(x, n):\n    for i in range(0, len(x), n):\n        yield x[i:i + n]\n"
+                          "def f(x):\n    try:\n        return sum(c.sum() for c in chunks(x, 3))\n    finally:\n"
+                          "        pass"),
+    ("ch03_accumulation", "def gen(xs):\n    def helper(x):\n        with torch.no_grad():\n            return x * 2\n"
+                          "    for x in xs:\n        yield helper(x)"),
 ]
 
 
@@ -269,6 +275,19 @@ ATTACKS = [
     ("ch09_mixed_precision", "from torch.amp import GradScaler as G", "torch.amp.GradScaler"),
     ("ch09_mixed_precision", "def f():\n    return torch.cuda.amp.GradScaler()", "torch.cuda.amp.GradScaler"),
     ("ch09_mixed_precision", "def f():\n    return torch.amp.grad_scaler.GradScaler('cpu')", "torch.amp.grad_scaler"),
+    # code the garbage collector would run during the grader's work: it tells a measured call from the others
+    ("ch04_partial_training", "SEEN = [False]\ndef _waiting(box):\n    try:\n        yield box\n    finally:\n"
+                              "        SEEN[0] = True", "try or with in a generator"),
+    ("ch04_partial_training", "def g(ctx):\n    with ctx:\n        yield 1", "try or with in a generator"),
+    ("ch04_partial_training", "def g():\n    try:\n        yield 1\n    except GeneratorExit:\n        pass",
+     "try or with in a generator"),
+    ("ch04_partial_training", "def g(xs):\n    try:\n        yield from xs\n    except BaseException:\n        raise",
+     "try or with in a generator"),
+    ("ch04_partial_training", "async def g():\n    return 1", "async def"),
+    ("ch04_partial_training", "def f(model):\n    h = model.register_forward_hook(print)\n"
+                              "    return h.hooks_dict_ref() is None", "hooks_dict_ref"),
+    ("ch03_accumulation", "from torch.utils.data.datapipes.iter import IterableWrapper", "torch.utils.data.datapipes"),
+    ("ch03_accumulation", "def f(x):\n    return torch.utils.data.IterDataPipe", "IterDataPipe"),
 ]
 
 
