@@ -181,6 +181,12 @@ Residual risks, stated plainly:
   interpreter's accesses) can take a point away, never award one, and are trusted only as far as the
   source policy keeps a cell from reaching the probe's machinery. ``grader/README.md`` lists each
   exercise's properties, what decides them and which attacks they stop.
+* Every reading follows a garbage collection, so a measured call always follows one. Code that sees
+  collections could behave only then (keep its memory, or burn CPU inside the course's baseline); the
+  policy refuses every route to that it knows (``__del__``, ``weakref``, ``gc``, cleanup code in
+  generators, hook handles' weak references, library finalizers that call replaceable methods). A route
+  it does not know would reopen it: measured calls preceded by a collection at random is the protocol
+  that would close it for good.
 * Readings of the cgroup move in steps of the kernel's charge batches (64 pages per CPU) and by
   the pages of shared memory a worker first writes to (priming absorbs most of them: measured at
   1-4 MiB within a check); inputs are sized so that right and wrong differ by tens of MiB.
