@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from coursekit.measure import saved_tensors
+from grader.probes.shared import _true_named_modules, _true_named_parameters
 from grader.sandbox.trusted import in_process
 
 
@@ -84,11 +85,11 @@ def _ch05_replaced(module, args):
 @in_process(restricts=("error", "remaining", "placed"))
 def ch05_swap_lite(model: nn.Module, shapes: list, class_name: str = "LiteResidual") -> dict:
     """Put ``ch05_NoBranch(*shapes[i])`` in place of the i-th module of ``model`` whose class is named
-    ``class_name`` (in ``named_modules`` order, read with torch's own methods, not the model's), then read
+    ``class_name`` (in ``named_modules`` order, read from the ``_modules`` tables, not the model's methods), then read
     the model again. Reports the names replaced, how many such modules remain and how many stand-ins the
     model now holds: a model whose modules refuse the swap shows it there. A replaced module that is called
     afterwards (held elsewhere than as a submodule) raises ``CH05_REPLACED``."""
-    found = [(name, m) for name, m in nn.Module.named_modules(model) if type(m).__name__ == class_name]
+    found = [(name, m) for name, m in _true_named_modules(model) if type(m).__name__ == class_name]
     stand_ins = [ch05_NoBranch(*shape) for shape in shapes]
     replaced = []
     for (name, module), stand_in in zip(found, stand_ins):
@@ -100,7 +101,7 @@ def ch05_swap_lite(model: nn.Module, shapes: list, class_name: str = "LiteResidu
             return {"replaced": replaced, "error": f"{type(e).__name__}: {str(e)[:200]}", "found": len(found),
                     "remaining": -1, "placed": -1}
         replaced.append(name)
-    after = [m for _, m in nn.Module.named_modules(model)]
+    after = [m for _, m in _true_named_modules(model)]
     return {"replaced": replaced, "error": None, "found": len(found),
             "remaining": sum(type(m).__name__ == class_name for m in after),
             "placed": sum(any(m is s for s in stand_ins) for m in after)}
@@ -113,14 +114,15 @@ def ch05_tinytl_describe(apply_fn: Callable, model: nn.Module, x: torch.Tensor,
     None if new, requires_grad, numel, inside a module whose class is named ``class_name``), the
     (input shape, output shape) of every call of such modules during one eval-mode forward of ``x``,
     and the outputs of the returned model on ``x`` in eval mode and in train mode (no grad)."""
-    before = {id(p): n for n, p in model.named_parameters()}
+    before = {id(p): n for n, p in _true_named_parameters(model)}
     out = apply_fn(model)
     if not isinstance(out, nn.Module):
         return {"returned": type(out).__name__}
-    side = _ch05_named(out, class_name)
-    inside = {id(p) for m in side for p in m.parameters()}
+    side = [m for _, m in _true_named_modules(out) if type(m).__name__ == class_name]
+    inside = {id(p) for m in side for _, p in _true_named_parameters(m)}
+    # what calling the model uses, read from its tables, not what an instance's methods list
     params = [{"name": n, "original": before.get(id(p)), "requires_grad": bool(p.requires_grad),
-               "numel": p.numel(), "inside": id(p) in inside} for n, p in out.named_parameters()]
+               "numel": p.numel(), "inside": id(p) in inside} for n, p in _true_named_parameters(out)]
     calls: list = []
     hooks = [m.register_forward_hook(lambda _m, i, o: calls.append([list(i[0].shape), list(o.shape)])) for m in side]
     try:

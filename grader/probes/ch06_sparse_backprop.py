@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from coursekit.measure import flop_counter
+from grader.probes.shared import _true_named_modules, _true_named_parameters
 from grader.sandbox.trusted import in_process
 
 
@@ -54,13 +55,13 @@ def ch06_replace_describe(apply_fn: Callable, model: nn.Module, k: int, unified:
     (name, class name, the name it had before if it is an original module, the names before the call of
     the Parameters it holds as ``weight`` and ``bias``, and its ``k`` and ``unified`` attributes when it
     has them), and the parameters (name after, name before or None if new), in order."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    originals = {id(m): n for n, m in model.named_modules()}
+    names = {id(p): n for n, p in _true_named_parameters(model)}
+    originals = {id(m): n for n, m in _true_named_modules(model)}
     out = apply_fn(model, k) if unified is None else apply_fn(model, k, unified=unified)
     if not isinstance(out, nn.Module):
         return {"returned": type(out).__name__}
     modules = []
-    for name, m in out.named_modules():
+    for name, m in _true_named_modules(out):  # what calling the model uses, not what it lists
         held = {}
         for attr in ("weight", "bias"):
             t = getattr(m, attr, None)
@@ -68,7 +69,7 @@ def ch06_replace_describe(apply_fn: Callable, model: nn.Module, k: int, unified:
         modules.append({"name": name, "class": type(m).__name__, "original": originals.get(id(m)), **held,
                         "k": _ch06_plain(getattr(m, "k", None)), "unified": _ch06_plain(getattr(m, "unified", None))})
     return {"returned": "the same model" if out is model else type(out).__name__, "modules": modules,
-            "params": [[n, names.get(id(p))] for n, p in out.named_parameters()]}
+            "params": [[n, names.get(id(p))] for n, p in _true_named_parameters(out)]}
 
 
 def ch06_output_layer_run(apply_fn: Callable, model: nn.Module, k: int, unified: bool, h: torch.Tensor,
@@ -76,16 +77,16 @@ def ch06_output_layer_run(apply_fn: Callable, model: nn.Module, k: int, unified:
     """Call ``apply_fn(model, k, unified=unified)``, find the module of the result that holds the original
     output layer's (the last ``nn.Linear``'s) weight as its ``weight``, run it alone on a leaf copy of ``h``
     and back-propagate ``grad_out``; report its class, output and the gradients of h, weight and bias."""
-    last = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
+    last = [m for _, m in _true_named_modules(model) if isinstance(m, nn.Linear)][-1]
     weight, bias = last.weight, last.bias
     out = apply_fn(model, k, unified=unified)
     if not isinstance(out, nn.Module):
         return {"found": False, "returned": type(out).__name__}
-    holders = [m for m in out.modules() if getattr(m, "weight", None) is weight]
+    holders = [m for _, m in _true_named_modules(out) if getattr(m, "weight", None) is weight]
     if not holders:
         return {"found": False, "returned": "a module without the output layer's weight"}
     layer = holders[-1]
-    out.zero_grad(set_to_none=True)
+    nn.Module.zero_grad(out, set_to_none=True)
     h = h.detach().clone().requires_grad_(True)
     y = layer(h)
     y.backward(grad_out)

@@ -11,6 +11,31 @@ from coursekit.measure import measure
 from grader.sandbox.trusted import in_process
 
 
+def _true_named_modules(module: nn.Module, prefix: str = "", seen: set | None = None):
+    """(name, module) for ``module`` and every submodule, read from the ``_modules`` tables that calling the model
+    uses, never through methods an instance can shadow (``model.named_modules = ...``)."""
+    seen = set() if seen is None else seen
+    if id(module) in seen:
+        return
+    seen.add(id(module))
+    yield prefix, module
+    table = object.__getattribute__(module, "__dict__").get("_modules", {})
+    for name, child in dict.items(table):
+        if isinstance(child, nn.Module):
+            yield from _true_named_modules(child, f"{prefix}.{name}" if prefix else name, seen)
+
+
+def _true_named_parameters(module: nn.Module):
+    """(name, parameter) of ``module`` and its submodules, each once, read from the ``_parameters`` tables."""
+    seen = set()
+    for prefix, m in _true_named_modules(module):
+        table = object.__getattribute__(m, "__dict__").get("_parameters", {})
+        for name, p in dict.items(table):
+            if p is not None and id(p) not in seen:
+                seen.add(id(p))
+                yield (f"{prefix}.{name}" if prefix else name), p
+
+
 def type_names(obj) -> list[str]:
     """Qualified names of the object's class and its bases (for isinstance checks)."""
     return [f"{c.__module__}.{c.__qualname__}" for c in type(obj).__mro__]
