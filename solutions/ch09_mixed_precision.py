@@ -273,8 +273,9 @@ class GradScaler:
     NaN written into one gradient after the backward, ``unscale_`` called before ``step`` at random, a
     parameter whose .grad stays None and a frozen one in the optimizer. Besides a small model, a wide one whose
     sizes are drawn at grading time: Linear(d, h), Tanh, Linear(h, o) with d and h from 32 to 96 and o from 32
-    to 64 (weights of 1024 to 9216 entries) and an unused parameter of 1024 to 4096 entries, the inf/NaN
-    written at a flat index drawn over the whole gradient, its last entries included: check every entry.
+    to 64 (weights of 1024 to 9216 entries) and an unused parameter of 1024 to 4096 entries, with four
+    overflows: one written in the last entry of a gradient, one in the first entry of a gradient, the others at
+    flat indices drawn over the whole gradient. The check must cover every entry, the first and last included.
     Values (torch's scaler then follows your scales): the gradients after the backward, after ``unscale_`` and
     after ``step``; what ``step`` returns (None when skipped); the parameters and the optimizer state after
     each step; the gradients of one more ``scale(loss).backward()`` after the last ``update``; and ``scale``
@@ -431,6 +432,13 @@ wide_scaler.step(wide_opt)
 wide_scaler.update()
 assert torch.isfinite(wide.weight).all() and wide_scaler.get_scale() == 512.0, (
     "an inf or NaN in any entry of any gradient (here the last one) is an overflow: skip the step and back off")
+wide_opt.zero_grad()
+wide_scaler.scale(wide(torch.randn(8, 64)).pow(2).mean()).backward()
+wide.weight.grad.view(-1)[0] = float("inf")  # and in the first entry
+wide_scaler.step(wide_opt)
+wide_scaler.update()
+assert torch.isfinite(wide.weight).all() and wide_scaler.get_scale() == 256.0, (
+    "an inf or NaN in any entry of any gradient (here the first one) is an overflow: skip the step and back off")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_GradScaler", globals())

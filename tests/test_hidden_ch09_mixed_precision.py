@@ -29,7 +29,8 @@ def make_scaler(no_skip=False, zero_instead=False, grow_late=False, grow_early=F
                 inf_only=False, update_in_step=False, scale_to_float32=False, scale_detached=False,
                 crash_on_missing_grad=False, scale_uses_init=False, grow_to_inf=False, no_value_checks=False,
                 step_twice_ok=False, update_without_step_ok=False, no_step_return=False, no_step_args=False,
-                scale_tensor=False, step_returns_flag=False, check_first=None, check_every=None):
+                scale_tensor=False, step_returns_flag=False, check_first=None, check_every=None, skip_end=None,
+                skip_above=0):
     class Scaler:
         def __init__(self, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
             if not no_value_checks:
@@ -55,6 +56,9 @@ def make_scaler(no_skip=False, zero_instead=False, grow_late=False, grow_early=F
                      if p.grad is not None or crash_on_missing_grad]
             # a partial overflow check: the first entries of each gradient only, or a strided sample
             seen = [g.flatten()[:check_first] if check_first else g.flatten()[::check_every or 1] for g in grads]
+            # an off-by-one: every entry but the last ([:-1]) or the first ([1:]), of gradients over skip_above entries
+            ends = {"last": slice(None, -1), "first": slice(1, None)}
+            seen = [t[ends[skip_end]] if skip_end and t.numel() > skip_above else t for t in seen]
             if crash_on_missing_grad:
                 flat = torch.cat(seen)
             else:
@@ -227,12 +231,18 @@ def test_grad_scaler_rejects_crash_on_missing_grad():
 
 
 @pytest.mark.parametrize("flags, where", [(dict(check_first=128), "wide model"), (dict(check_first=512), "wide model"),
-                                          (dict(check_every=4), "")])
+                                          (dict(check_every=4), ""),
+                                          (dict(skip_end="last"), "sequence"),
+                                          (dict(skip_end="first"), "sequence"),
+                                          (dict(skip_end="last", skip_above=128), "wide model"),
+                                          (dict(skip_end="first", skip_above=128), "wide model")])
 def test_grad_scaler_rejects_partial_overflow_check(flags, where):
-    """An overflow check that reads only part of each gradient (its first entries, a strided sample) misses
-    overflows of the wide scenario, drawn over the whole gradient and near its end (the small model's gradients
-    fit in the first entries): a step with an inf gradient is taken (values) and the scale does not back off
-    (schedule); the interface cell passes."""
+    """An overflow check that reads only part of each gradient (its first entries, a strided sample, all but
+    its last or its first entry) misses an overflow: the hand-written sequence poisons first and last entries
+    of the small model, and the wide scenario puts one overflow exactly in a gradient's last entry, one exactly
+    in its first, the others drawn over the whole gradient, so an off-by-one only on large gradients
+    (skip_above: the small model's fit below it) and a prefix check are caught there. A step with an inf
+    gradient is taken (values) and the scale does not back off (schedule); the interface cell passes."""
     ns = namespace(GradScaler=make_scaler(**flags))
     with pytest.raises(AssertionError, match=f"{where}.*must be skipped.*check whole tensors"):
         CHECKS["test_GradScaler"](ns)
@@ -243,20 +253,24 @@ def test_grad_scaler_rejects_partial_overflow_check(flags, where):
 
 def test_wide_scenario_draws_sizes_and_overflows_over_the_whole_gradient():
     """Sizes within the stated ranges, different from one grading to the next; overflows in the two weights,
-    the first among the last entries of its gradient, in the unused parameter too for the schedule cell."""
+    the first exactly in the last entry of its gradient, the second exactly in the first, the others drawn
+    (somewhere else at least once in 20 gradings); the same in the unused parameter for the schedule cell."""
     from grader.hidden import ch09_mixed_precision as hidden
     drawn = [hidden._wide_scenario() for _ in range(20)]
     assert len({s["sizes"] for s in drawn}) > 1 and len({s["seed"] for s in drawn}) > 1
+    elsewhere = 0
     for s in drawn:
         d, h, o, n_unused = s["sizes"]
         assert 32 <= d <= 96 and 32 <= h <= 96 and 32 <= o <= 64 and 1024 <= n_unused <= 4096
         poisons = [item["poison"] for item in s["plan"] if item["poison"] is not None]
         assert len(poisons) == hidden.WIDE_OVERFLOWS and all(p[0] in (1, 3) for p in poisons)
         assert all(0 <= p[1] < hidden._numel(s["sizes"], p[0]) for p in poisons)
-        assert poisons[0][1] >= hidden._numel(s["sizes"], poisons[0][0]) - hidden.NEAR_END
+        assert poisons[0][1] == hidden._numel(s["sizes"], poisons[0][0]) - 1 and poisons[1][1] == 0
+        elsewhere += sum(0 < p[1] < hidden._numel(s["sizes"], p[0]) - 1 for p in poisons[2:])
         unused = [item["poison"] for item in hidden._poison_unused(s["plan"]) if item["poison"] is not None]
         assert all(p[0] == hidden.UNUSED and 0 <= p[1] < n_unused for p in unused)
-        assert unused[0][1] >= n_unused - hidden.NEAR_END
+        assert unused[0][1] == n_unused - 1 and unused[1][1] == 0
+    assert elsewhere > 0
 
 
 @pytest.mark.parametrize("flags, grade_id", [

@@ -5,8 +5,9 @@ overflows injected as inf/-inf/NaN written into a gradient, once in the student'
 student's scaler and once here with ``torch.amp.GradScaler("cpu")``, the reference. Besides fixed
 scenarios on a small model, each of the two cells draws a wide one at grading time (``_wide_scenario``):
 weights of 1024 to 9216 entries, an unused parameter of 1024 to 4096, seed, scale, growth_interval and
-optimizer drawn, and the overflows written at flat indices drawn over the whole gradient (the first among
-its last 64 entries), so an overflow check that reads only part of a gradient misses one. The driver reads the
+optimizer drawn, and the overflows written at flat indices over the whole gradient (the first exactly in its
+last entry, the second exactly in its first, the others drawn anywhere), so an overflow check that reads only
+part of a gradient (skips its first or last entry, a prefix, a strided sample) misses one. The driver reads the
 parameters the judge sent with the optimizer (one message), not ``optimizer.param_groups``, and ends with
 one more ``scale(loss).backward()`` so that the scale the last ``update()`` left is seen in gradient values.
 - values (test_GradScaler): ``scale()`` on float32/float16/bfloat16 losses; then, step by step, the
@@ -61,8 +62,9 @@ TOL = dict(atol=1e-6, rtol=1e-5)  # same ops on both sides; only float32 roundin
 # thread): a few fp16 ulps. The mistakes looked for move parameters by a whole update or more.
 STEP_TOL = dict(atol=2e-5, rtol=1e-3)
 SKIP_HINT = ("a step whose gradients hold an inf or a NaN must be skipped entirely (inf, -inf and NaN all "
-             "count as overflow, in any entry of any gradient: check whole tensors): do not call "
-             "optimizer.step() at all (zeroing the gradients and stepping still moves momentum and Adam state)")
+             "count as overflow, in any entry of any gradient, the first and the last included: check whole "
+             "tensors): do not call optimizer.step() at all (zeroing the gradients and stepping still moves "
+             "momentum and Adam state)")
 GROWTH_HINT = ("update(): on overflow multiply the scale by backoff_factor and reset the count of clean steps; "
                "otherwise add one clean step and, when the count reaches growth_interval, multiply by "
                "growth_factor and reset the count")
@@ -217,8 +219,8 @@ def _schedule_hint(before: float, got: float, want: float, overflow: bool, growt
     """The hint for a scale after update() that differs from torch's."""
     if overflow:
         return ("this step's gradients held an inf or a NaN (inf, -inf and NaN all count as overflow, in any entry "
-                "of any gradient: check whole tensors): update() multiplies the scale by backoff_factor and resets "
-                "the count of clean steps")
+                "of any gradient, the first and the last included: check whole tensors): update() multiplies the "
+                "scale by backoff_factor and resets the count of clean steps")
     if want == before and got == before * growth:
         if not math.isfinite(_float32(before * growth)):
             return ("the scale never grows to inf: torch keeps S in float32, and when S × growth_factor would be "
@@ -299,7 +301,10 @@ SCENARIOS = [
 # The wide scenario: every size drawn at grading time from these ranges (the exercise's text states them).
 WIDE_IN, WIDE_HIDDEN, WIDE_OUT, WIDE_UNUSED = (32, 96), (32, 96), (32, 64), (1024, 4096)
 WIDE_STEPS, WIDE_OVERFLOWS = 12, 4
-NEAR_END = 64  # the first overflow of a wide scenario lands among the last NEAR_END entries of its gradient
+# Where the overflows of a wide scenario land, in order: the gradient's last entry, its first entry, then
+# anywhere (drawn over the whole tensor). The ends are fixed: an off-by-one check ([:-1], [1:]) misses one.
+LAST, FIRST = "last", "first"
+WIDE_SPOTS = (LAST, FIRST)
 
 
 def _numel(sizes: tuple[int, int, int, int], index: int) -> int:
@@ -309,9 +314,10 @@ def _numel(sizes: tuple[int, int, int, int], index: int) -> int:
 
 def _wide_scenario() -> dict:
     """A model whose parameters have thousands of entries, sizes, seed, optimizer and plan drawn now: the
-    overflows go into the two weights at flat indices drawn over the whole gradient, the first one among its
-    last NEAR_END entries, so a check that reads only part of a gradient misses some. ``unused_at`` is where
-    the same overflow goes in the unused parameter, drawn the same way (for the schedule cell)."""
+    overflows go into the two weights, the first exactly at the gradient's last entry, the second exactly at
+    its first (WIDE_SPOTS), the others at flat indices drawn over the whole gradient, so a check that reads
+    only part of a gradient misses some. ``unused_at`` is where the same overflow goes in the unused
+    parameter, placed the same way (for the schedule cell)."""
     sizes = (draw(*WIDE_IN), draw(*WIDE_HIDDEN), draw(*WIDE_OUT), draw(*WIDE_UNUSED))
     seed = new_seed()
     rng = random.Random(seed)
@@ -325,8 +331,11 @@ def _wide_scenario() -> dict:
             k = overflow_steps.index(step)
             index = rng.choice((1, 3))
             numel, n_unused = _numel(sizes, index), sizes[3]
-            if k == 0:  # near the end of the tensor
-                at, unused_at = rng.randrange(numel - NEAR_END, numel), rng.randrange(n_unused - NEAR_END, n_unused)
+            spot = WIDE_SPOTS[k] if k < len(WIDE_SPOTS) else None
+            if spot == LAST:  # exactly the last entry of the tensor
+                at, unused_at = numel - 1, n_unused - 1
+            elif spot == FIRST:  # exactly the first entry
+                at, unused_at = 0, 0
             else:
                 at, unused_at = rng.randrange(numel), rng.randrange(n_unused)
             item["poison"] = [index, at, values[k % 3]]

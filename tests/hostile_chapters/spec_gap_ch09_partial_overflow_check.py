@@ -5,7 +5,7 @@ THREAT = "spec_gap"
 EXPECT = "loses"
 DESCRIPTION = ("unscale_ tests only p.grad.reshape(-1)[:128] for inf/NaN: every gradient of the small graded model "
                "has fewer entries, so each injected overflow was seen; on the wide scenario (weights of 1024 to 9216 "
-               "entries, the overflow at an index drawn over the whole gradient, the first near its end) the step "
+               "entries, one overflow exactly in a gradient's last entry, one in its first, the others drawn) the step "
                "with an inf gradient is taken and the scale does not back off: test_GradScaler (3) and "
                "test_GradScaler_update (2) are lost")
 SOURCE = '''
