@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import csv
 import os
+import sys
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -308,8 +309,12 @@ def autograde(submissions: Path, out: Path, workers: int = 1, timeout: float | N
                 with lock:
                     results.append(result)
                     csv_writer.add(result)
-                    gradebook.add(result)
-                    write_feedback(out / "feedback" / result.student / f"{result.chapter}.html", result)
+                    try:  # one submission's record must not stop the others'
+                        gradebook.add(result)
+                        write_feedback(out / "feedback" / result.student / f"{result.chapter}.html", result)
+                    except Exception as e:  # noqa: BLE001 - reported, and the batch goes on
+                        print(f"{result.student}/{result.chapter}: its feedback or gradebook entry could not be "
+                              f"written ({type(e).__name__}); its grades are in grades.csv", file=sys.stderr)
                 if bar is not None:
                     bar.update(1)
     finally:

@@ -54,5 +54,5 @@ provided setup cells; the hidden tests compare what your code computes with refe
 def write_feedback(path: Path, result) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".html.tmp")
-    tmp.write_text(render(result), encoding="utf-8")
+    tmp.write_text(render(result), encoding="utf-8", errors="replace")
     os.replace(tmp, path)

@@ -151,5 +151,15 @@ def parse_notebook(data: bytes) -> list[dict]:
         meta = cell.get("metadata")
         nbgrader = meta.get("nbgrader") if isinstance(meta, dict) else None
         gid = nbgrader.get("grade_id") if isinstance(nbgrader, dict) else None
-        cells.append({"source": source, "grade_id": gid if isinstance(gid, str) else None})
+        cells.append({"source": _utf8(source), "grade_id": _utf8(gid) if isinstance(gid, str) else None})
     return cells
+
+
+def _utf8(text: str) -> str:
+    """``text`` as UTF-8 can hold it: JSON may spell a lone surrogate (``"\\ud800"``), which no file, page or
+    database the grader writes could store; each becomes U+FFFD."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in text)

@@ -10,7 +10,7 @@ from grader.autograde import release_layout
 from grader.notebooks import chapters
 import graded_once
 from grader.selfcheck import verdict
-from submissions import with_exercise, write
+from submissions import reference, with_exercise, write
 from degenerate_submissions import DEGENERATE, FIRST_CELL_EARNED
 from wrong_submissions import WRONG
 
@@ -50,6 +50,11 @@ def batch(tmp_path_factory):
     for (ch, ex, name), source in DEGENERATE.items():
         write(sub, f"degenerate-{name}", ch, with_exercise(ch, ex, source))
     write(sub, "broken", "ch00_memory", "{ this is not a notebook")
+    # A lone surrogate ("\\ud800", valid JSON) in an exercise cell: no page, CSV or database can store it.
+    lone = nbformat.writes(reference("ch00_memory")).replace("def predict_training_memory(",
+                                                              "# \\ud800\\ndef predict_training_memory(", 1)
+    assert "\\ud800" in lone
+    write(sub, "surrogate", "ch00_memory", lone)
     (sub / "missing" / "ch00_memory").mkdir(parents=True)
     write(sub, "hangs", "ch00_memory", with_exercise("ch00_memory", "predict_training_memory", HANG))
     # Intake: a link to another student's notebook or to a hidden test, an oversized notebook, a folder
@@ -146,6 +151,15 @@ def test_broken_missing_and_hanging_submissions_get_zeros_with_reasons(batch):
     assert "not a valid notebook" in (out / "feedback" / "broken" / "ch00_memory.html").read_text()
     assert "no notebook found" in (out / "feedback" / "missing" / "ch00_memory.html").read_text()
     assert "time limit" in (out / "feedback" / "hangs" / "ch00_memory.html").read_text()
+
+
+def test_a_lone_surrogate_in_a_cell_is_graded_and_harms_no_one(batch):
+    """JSON may spell a character UTF-8 cannot hold; the cell is graded with U+FFFD in its place, its feedback
+    written, and the batch goes on for everyone."""
+    _, out, rows, _ = batch
+    got, most = totals(rows)[("surrogate", "ch00_memory")]
+    assert got == most > 0
+    assert "\ufffd" in (out / "feedback" / "surrogate" / "ch00_memory.html").read_text(encoding="utf-8")
 
 
 def test_links_and_oversized_notebooks_are_refused_at_intake(batch):
