@@ -203,15 +203,20 @@ def accumulate_gradients(model: nn.Module, loss_fn: nn.Module, inputs: torch.Ten
     Graded on, one cell per property. Gradients: B = 37 float32 inputs (37, 13); a Linear-Tanh-Linear MLP
     and a model whose first Linear is frozen (then ReLU, LayerNorm, Linear), 7 outputs; ``nn.MSELoss()``
     and ``nn.CrossEntropyLoss()``; micro_batch_size 5, 8 and 36, so the last micro-batch is smaller;
-    compared with a float64 reference to float32 rounding; parameters must stay exactly as they were,
-    frozen ones still frozen and without ``.grad``. Memory: the model given raises if called on more
+    and two cases whose sizes and seeds are drawn at grading time, B never a multiple of micro_batch_size
+    and the targets of the last (smaller) micro-batch offset by 3: the frozen model with ``nn.MSELoss()`` on
+    100 to 1000 samples with micro_batch_size 5 to 64, and a Linear(16, 64)-Tanh-Linear(64, 1) MLP with
+    ``nn.MSELoss()`` on 768 to 1000 samples with micro_batch_size 8 to 24 (the sizes of the memory cell's
+    measured call). Compared with a float64 reference to float32 rounding; parameters must stay exactly as
+    they were, frozen ones still frozen and without ``.grad``. Memory: the model given raises if called on more
     samples than micro_batch_size, and its output for a sample depends on the sample's place in the call,
     so the micro-batches must be exactly the slices above; and while one call on a Linear(16, 16384)-Tanh-
     Linear(16384, 1) MLP with ``nn.MSELoss()`` runs, on 768 to 1000 samples with micro_batch_size 8 to 24
     (sizes and values drawn at grading time), what your process holds, read from outside it, must stay
     under a quarter of the whole batch's activations (summing the losses before one ``backward()`` keeps
     all of them), and that very call must leave the full-batch gradient in ``.grad``. The returned loss:
-    a detached 0-dim tensor, the full-batch mean. Edge cases: micro_batch_size 37 and 64 (m >= B);
+    a detached 0-dim tensor, the full-batch mean (B = 37 with micro_batch_size 8, 5 and 36, and two more
+    cases drawn as those of the gradients). Edge cases: micro_batch_size 37 and 64 (m >= B);
     micro_batch_size 0, -3 and 2.5 must raise ``ValueError``. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
@@ -268,6 +273,15 @@ frozen[0].requires_grad_(False)
 accumulate_gradients(frozen, nn.CrossEntropyLoss(), x, y, micro_batch_size=3)
 assert frozen[0].weight.grad is None, "a frozen parameter gets no gradient"
 assert frozen[2].weight.grad is not None, "a trainable parameter gets its gradient"
+# Larger batches too (graded on 100 to 1000 samples): 250 samples in micro-batches of 16, the last one of 10.
+x_big, y_big = torch.randn(250, 6), torch.randint(0, 3, (250,))
+big = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+big_full = copy.deepcopy(big)
+nn.CrossEntropyLoss()(big_full(x_big), y_big).backward()
+accumulate_gradients(big, nn.CrossEntropyLoss(), x_big, y_big, micro_batch_size=16)
+for (name, p), q in zip(big.named_parameters(), big_full.parameters()):
+    torch.testing.assert_close(p.grad, q.grad, msg=f"B = 250, micro_batch_size = 16: {name}.grad is not the "
+                               "full-batch gradient (weights n_i / B at every batch size)")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_accumulate_gradients", globals())
@@ -355,7 +369,12 @@ def train_accumulated(model: nn.Module, optimizer: torch.optim.Optimizer, loss_f
     Graded on, one cell per property, with the models, losses and float32 data of
     ``accumulate_gradients`` and ``torch.optim.SGD`` without momentum and with momentum 0.9, over the
     trainable parameters only. Values: loaders that are lists of batches of unequal sizes (37, 37, 23
-    with micro-batches of 8; 37, 29, 33 with micro-batches of 10), as many steps as batches; every step's
+    with micro-batches of 8; 37, 29, 33 with micro-batches of 10), as many steps as batches; and two
+    cases whose sizes and seeds are drawn at grading time, no batch a multiple of micro_batch_size and
+    the targets of its last micro-batch offset by 3: two steps (lr 0.1, momentum 0.9) of the frozen
+    model with ``nn.MSELoss()`` on two batches of 100 to 1000 samples with micro_batch_size 5 to 64, and
+    one step (lr 0.1, no momentum) of a Linear(16, 64)-Tanh-Linear(64, 1) MLP on one batch of 768 to
+    1000 samples with micro_batch_size 8 to 24 (the memory cell's sizes); every step's
     loss and the final parameters are compared, to float32 rounding, with the same number of full-batch
     SGD steps computed in float64; frozen parameters must not change. Memory: one step on a model that
     refuses calls on more than micro_batch_size samples and whose output depends on a sample's place in
@@ -408,6 +427,15 @@ for step in range(2):  # the same two steps, full batch
         f"step {step}: loss {float(losses[step]):.6f}, expected {loss_b.item():.6f}"
 torch.testing.assert_close(net_a.weight, net_b.weight, msg="two accumulated steps must equal two full-batch steps: "
                            "are the gradients zeroed once per batch (not per micro-batch, not never)?")
+# A larger batch (graded on batches of up to 1000 samples): still one step per batch.
+big_batch = (torch.randn(250, 6), torch.randn(250, 2))
+train_accumulated(net_a, torch.optim.SGD(net_a.parameters(), lr=0.1), nn.MSELoss(), [big_batch], micro_batch_size=16,
+                  steps=1)
+opt_b.zero_grad()
+nn.MSELoss()(net_b(big_batch[0]), big_batch[1]).backward()
+opt_b.step()
+torch.testing.assert_close(net_a.weight, net_b.weight, msg="on 250 samples with micro_batch_size=16, one accumulated "
+                           "step must equal one full-batch step: one optimizer.step() per batch, at every size")
 print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch03_accumulation", "test_train_accumulated", globals())

@@ -134,10 +134,16 @@ def test_other_correct_implementations_pass(grade_id):
 
 def _fails_only(ns, grade_id: str, ids: list[str], message: str | None = None):
     """``grade_id`` fails (with ``message`` when given) and every other cell of the exercise passes."""
-    with pytest.raises(AssertionError, match=message):
-        CHECKS[grade_id](ns)
+    _fails_exactly(ns, {grade_id: message}, ids)
+
+
+def _fails_exactly(ns, failing: dict[str, str | None], ids: list[str]):
+    """Each cell of ``failing`` fails (with its message when given) and every other cell of the exercise passes."""
+    for grade_id, message in failing.items():
+        with pytest.raises(AssertionError, match=message):
+            CHECKS[grade_id](ns)
     for other in ids:
-        if other != grade_id:
+        if other not in failing:
             CHECKS[other](ns)
 
 
@@ -271,14 +277,72 @@ def first_micro_batch_when_large(model, loss_fn, inputs, targets, micro_batch_si
     return accumulate_gradients(model, loss_fn, inputs, targets, micro_batch_size)
 
 
+def test_accumulate_gradients_measured_call_fails_only_memory():
+    """The measured call's sizes are drawn at grading time."""
+    _fails_only(namespace(accumulate_gradients=sum_first_except({1024})), "test_accumulate_gradients_memory",
+                ACCUMULATE_IDS, "summing the micro-batch losses")
+
+
 @pytest.mark.parametrize("wrong, message", [
-    (sum_first_except({1024}), "summing the micro-batch losses"),
     (nothing_when_large, "has no .grad after that call"),
     (first_micro_batch_when_large, "the gradient of .* after that call differs"),
 ])
-def test_accumulate_gradients_measured_call_fails_only_memory(wrong, message):
-    """The measured call's sizes are drawn at grading time, and its gradients are checked."""
-    _fails_only(namespace(accumulate_gradients=wrong), "test_accumulate_gradients_memory", ACCUMULATE_IDS, message)
+def test_accumulate_gradients_wrong_when_large_fails_memory_and_values(wrong, message):
+    """The measured call's gradients are checked; the values and loss cells' drawn cases (B 100-1000 and 768-1000)
+    see the same wrong gradient and loss."""
+    _fails_exactly(namespace(accumulate_gradients=wrong), {
+        "test_accumulate_gradients_memory": message,
+        "test_accumulate_gradients": "sizes and seeds drawn at grading time",
+        "test_accumulate_gradients_loss": "sizes and seeds drawn at grading time"}, ACCUMULATE_IDS)
+
+
+# --- a known mistake only on batches larger than the fixed ones ------------------------------------
+def when_large(wrong, threshold: int = 100, loss: str | None = None):
+    """Correct below ``threshold`` samples, ``wrong`` on larger batches (whose gradient it leaves); with ``loss``,
+    the loss returned on larger batches is that one instead: "right" (the full-batch mean), "average" (the plain
+    average of the micro-batch means) or "double" (twice the mean)."""
+    def acc(model, loss_fn, inputs, targets, micro_batch_size):
+        if len(inputs) < threshold:
+            return accumulate_gradients(model, loss_fn, inputs, targets, micro_batch_size)
+        out = wrong(model, loss_fn, inputs, targets, micro_batch_size)
+        if loss is not None:
+            with torch.no_grad():
+                means = [(loss_fn(model(x), y), len(x)) for x, y in zip(inputs.split(micro_batch_size),
+                                                                         targets.split(micro_batch_size))]
+            right = sum(v * k for v, k in means) / len(inputs)
+            out = {"right": right, "average": sum(v for v, _ in means) / len(means), "double": 2 * right}[loss]
+        return out
+    return acc
+
+
+@pytest.mark.parametrize("threshold", [100, 768])
+@pytest.mark.parametrize("wrong, message", [
+    (make_accumulate(weight="equal"), "averaged with equal weights"),
+    (make_accumulate(weight="one"), "k times too large"),
+    (make_accumulate(drop_remainder=True), "last micro-batch .* is missing"),
+    (make_accumulate(zero_inside=True), "only the last micro-batch"),
+])
+def test_weighting_mistake_on_large_batches_fails_values(wrong, message, threshold):
+    """Right on the fixed batches of 37, a known weighting mistake from ``threshold`` samples on (the memory cell
+    accepts weighting mistakes): the values cell's drawn cases fail it; the returned loss is the right one, so only
+    the values cell fails."""
+    ns = namespace(accumulate_gradients=when_large(wrong, threshold, loss="right"))
+    _fails_only(ns, "test_accumulate_gradients", ACCUMULATE_IDS,
+                f"sizes and seeds drawn at grading time.*{message}")
+
+
+def test_equal_weights_on_large_batches_fails_values_and_loss():
+    """The red-team submission: equal weights 1/k (and their plain-average loss) from 100 samples on."""
+    _fails_exactly(namespace(accumulate_gradients=when_large(make_accumulate(weight="equal"))), {
+        "test_accumulate_gradients": "drawn at grading time.*averaged with equal weights",
+        "test_accumulate_gradients_loss": "drawn at grading time.*plain average"}, ACCUMULATE_IDS)
+
+
+@pytest.mark.parametrize("loss, message", [("average", "plain average"), ("double", "the returned loss differs")])
+def test_loss_mistake_on_large_batches_fails_only_loss(loss, message):
+    """Right gradients everywhere; a wrong returned loss from 100 samples on."""
+    ns = namespace(accumulate_gradients=when_large(accumulate_gradients, loss=loss))
+    _fails_only(ns, "test_accumulate_gradients_loss", ACCUMULATE_IDS, f"drawn at grading time.*{message}")
 
 
 # --- wrong train_accumulated ---------------------------------------------------------------------
@@ -374,13 +438,49 @@ def train_no_step_when_large(model, optimizer, loss_fn, loader, micro_batch_size
     return make_train(accumulate=acc)(model, optimizer, loss_fn, loader, micro_batch_size, steps)
 
 
+def test_train_accumulated_measured_call_fails_only_memory():
+    """One step on a plain wide MLP, read from outside the process, sizes drawn."""
+    _fails_only(namespace(train_accumulated=train_whole_batch_on_sequential), "test_train_accumulated_memory",
+                TRAIN_IDS, "while it ran, your process grew by")
+
+
+def test_train_wrong_when_large_fails_memory_and_values():
+    """The measured step's parameters are checked; the values cell's drawn cases see the same wrong step."""
+    _fails_exactly(namespace(train_accumulated=train_no_step_when_large), {
+        "test_train_accumulated_memory": "the update of parameter .* by the step differs",
+        "test_train_accumulated": "sizes and seeds drawn at grading time"}, TRAIN_IDS)
+
+
+def train_when_large(wrong, threshold: int = 100):
+    """The right loop on batches below ``threshold`` samples, ``wrong``'s on larger ones."""
+    def train_accumulated(model, optimizer, loss_fn, loader, micro_batch_size, steps):
+        right, losses = make_train(), []
+        batches, it = [], iter(loader)
+        while len(batches) < steps:
+            try:
+                batches.append(next(it))
+            except StopIteration:
+                it = iter(loader)
+                if not batches:
+                    raise ValueError("empty loader") from None
+        for x, y in batches:
+            loop = wrong if len(x) >= threshold else right
+            losses += loop(model, optimizer, loss_fn, [(x, y)], micro_batch_size, 1)
+        return losses
+    return train_accumulated
+
+
+@pytest.mark.parametrize("threshold", [100, 768])
 @pytest.mark.parametrize("wrong, message", [
-    (train_whole_batch_on_sequential, "while it ran, your process grew by"),
-    (train_no_step_when_large, "the update of parameter .* by the step differs"),
+    (train_stepping_per_micro_batch, "once per micro-batch"),
+    (train_zeroing_per_micro_batch, "not per micro-batch"),
 ])
-def test_train_accumulated_measured_call_fails_only_memory(wrong, message):
-    """One step on a plain wide MLP, read from outside the process, sizes drawn, parameters checked."""
-    _fails_only(namespace(train_accumulated=wrong), "test_train_accumulated_memory", TRAIN_IDS, message)
+def test_train_loop_mistake_on_large_batches_fails_only_values(wrong, message, threshold):
+    """The right loop on the fixed batches (at most 37 samples), a known wrong loop from ``threshold`` samples on
+    (the memory cell accepts known wrong loops on the right micro-batches): the values cell's drawn cases fail it."""
+    # From 768 on, a drawn loader may mix batches of both kinds: no single known mistake is named then.
+    _fails_only(namespace(train_accumulated=train_when_large(wrong, threshold)), "test_train_accumulated", TRAIN_IDS,
+                "sizes and seeds drawn at grading time" + (f".*{message}" if threshold == 100 else ""))
 
 
 # --- the same checks through the sandbox, as at autograde ------------------------------------------

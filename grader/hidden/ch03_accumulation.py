@@ -5,14 +5,19 @@ The references are plain autograd in float64, computed here from copies of the m
 student's process. Gradients and values are read from the parameter tensors the judge sent
 (``probes.tensor_states``), not through the model's methods, so a replaced attribute or a shadowed
 ``named_parameters`` changes nothing. Batch sizes are awkward on purpose (B = 37 with micro-batches
-of 8: the last one holds 5 samples).
+of 8: the last one holds 5 samples), and the values cells also draw larger ones at grading time.
 
 accumulate_gradients:
 - values (``test_accumulate_gradients``): the gradient of the full-batch mean loss on plain models
   (an MLP, and one whose first Linear is frozen), MSE and cross-entropy, micro-batches of 5, 8 and 36;
   frozen parameters get no ``.grad`` and no parameter changes. A wrong gradient is matched against the
   known wrong recipes (equal weights 1/k, unweighted sums, weights n_i instead of n_i / B, only the last
-  micro-batch, the last micro-batch dropped) to name the one that was made.
+  micro-batch, the last micro-batch dropped) to name the one that was made. Two more cases are drawn at
+  grading time (sizes and seeds), B never a multiple of m and the last micro-batch's targets offset by
+  ``LAST_OFFSET`` (every weighting mistake then differs from the reference by 40 times the tolerance or
+  more): the frozen model, MSE, B 100-1000 with m 5-64, and a Linear(16, 64)-Tanh-Linear(64, 1) MLP, MSE,
+  at the memory cell's measured sizes (B 768-1000, m 8-24). The memory cell accepts weighting mistakes,
+  so a mistake made only on large batches must cost this cell, whatever size it switches at.
 - memory: every model sent is a ``probes.ch03_MicroBatchModel``, which adds ``pos[i]`` to the i-th
   sample of each forward call and refuses calls on more than ``micro_batch_size`` samples. Forwarding
   the whole batch therefore raises, and the gradient of ``pos`` (rows summed over the micro-batches
@@ -30,7 +35,7 @@ accumulate_gradients:
   measured fails where it does. The wide model uses Tanh, whose gradient has no jump: float32 and
   float64 agree on every sample.
 - loss: a 0-dim tensor, detached, equal to the full-batch mean loss (sums, plain averages and B times
-  the mean are named).
+  the mean are named), on B = 37 and on the values cell's two drawn cases (drawn anew).
 - edge cases: micro_batch_size >= B (one forward of the whole batch), and ``ValueError`` for 0, -3 and
   2.5.
 
@@ -39,7 +44,11 @@ train_accumulated:
   full-batch SGD steps (with and without momentum) computed here in float64, on plain models, with no
   more steps than batches; frozen parameters unchanged. A mismatch is matched against simulated
   mistakes (never zeroing, zeroing per micro-batch, stepping per micro-batch, no effective step) to
-  name the one that was made.
+  name the one that was made. Two more cases are drawn at grading time, as for ``accumulate_gradients``
+  (the memory cell accepts known wrong loops): two steps (lr 0.1, momentum 0.9) of the frozen model on
+  two batches of 100-1000 samples, m 5-64, and one step (lr 0.1) of the narrow MLP at the memory cell's
+  sizes; every known wrong loop but never zeroing (the same as the right one for one step from zero
+  gradients) differs from the reference by 100 times the tolerance or more.
 - memory: one step on a ``probes.ch03_MicroBatchModel``: the batch must go through micro-batches of
   ``micro_batch_size`` (exactly the slices: the updated ``pos`` shows it). Then, decided from outside the
   process as for ``accumulate_gradients``: one step (``torch.optim.SGD``, lr 0.02, no momentum) on the
@@ -214,11 +223,14 @@ def _accumulate(nb, model: nn.Module, loss_fn, x, y, m: int, what: str):
 
 def _check_gradients(nb, kind: str, loss_fn, m: int, seed: int) -> None:
     """The full-batch gradient on a plain model, frozen parameters untouched, no parameter changed."""
-    model = _plain(kind, seed)
     x, y = _data(loss_fn, B, 10 + seed)
-    what = _what(kind, loss_fn, m)
+    _check_gradients_on(nb, _plain(kind, seed), loss_fn, x, y, m, _what(kind, loss_fn, m))
+
+
+def _check_gradients_on(nb, model: nn.Module, loss_fn, x, y, m: int, what: str) -> None:
+    """The full-batch gradient of ``model`` on (x, y), frozen parameters untouched, no parameter changed."""
     before, table, _ = _accumulate(nb, model, loss_fn, x, y, m, what)
-    ref, _ = _weighted(model, loss_fn, x, y, _chunks(B, m))
+    ref, _ = _weighted(model, loss_fn, x, y, _chunks(len(x), m))
     for name, p in model.named_parameters():
         row = table[name]
         check_close(row["value"], before[name]["value"], f"{what}: parameter {name}",
@@ -241,12 +253,53 @@ def _check_gradients(nb, kind: str, loss_fn, m: int, seed: int) -> None:
 
 
 # --- accumulate_gradients: the cells -------------------------------------------------------------------
+# The values cells' drawn cases, sizes and seeds drawn at grading time, so that code right only on the fixed small
+# batches fails: a batch of DRAWN_BATCH samples with micro-batches of DRAWN_MICRO on a plain model, and the memory
+# cells' measured sizes (WIDE_BATCH, WIDE_MICRO, below) on a Linear(16, NARROW)-Tanh-Linear(NARROW, 1) MLP (cheap);
+# B is never a multiple of m, so the last micro-batch is smaller, and its targets are offset by LAST_OFFSET, so that its
+# loss and gradient differ from the others' and every known weighting mistake shows by a wide margin (MSELoss).
+LAST_OFFSET = 3.0
+DRAWN_BATCH, DRAWN_MICRO, NARROW = (100, 1000), (5, 64), 64
+DRAWN_TRAIN_LR = 0.1  # the narrow MLP's step in train_accumulated's values cell
+
+
+def _uneven(batch: tuple[int, int], micro: tuple[int, int]) -> tuple[int, int]:
+    """(B, m) drawn now in these ranges, B not a multiple of m."""
+    while True:
+        n, m = draw(*batch), draw(*micro)
+        if n % m:
+            return n, m
+
+
+def _offset_last(y: torch.Tensor, m: int) -> torch.Tensor:
+    """The targets with those of the last (smaller) micro-batch offset by LAST_OFFSET."""
+    y = y.clone()
+    y[len(y) - len(y) % m:] += LAST_OFFSET
+    return y
+
+
+def _drawn_accumulate_cases() -> list[tuple]:
+    """(model, loss_fn, x, y, m, what) of the drawn cases."""
+    n, m = _uneven(DRAWN_BATCH, DRAWN_MICRO)
+    x, y = _data(nn.MSELoss(), n, new_seed())
+    cases = [(_plain("frozen", new_seed()), nn.MSELoss(), x, _offset_last(y, m), m,
+              f"{_what('frozen', nn.MSELoss(), m, n)} (sizes and seeds drawn at grading time)")]
+    n, m = _uneven(WIDE_BATCH, WIDE_MICRO)
+    x, y = seeded((n, WIDE_IN), seed=new_seed()), _offset_last(seeded((n, 1), seed=new_seed()), m)
+    cases.append((_wide_model(NARROW, new_seed()), nn.MSELoss(), x, y, m,
+                  f"a Linear({WIDE_IN}, {NARROW})-Tanh-Linear({NARROW}, 1) MLP, MSELoss, B={n}, micro_batch_size={m} "
+                  "(sizes and seeds drawn at grading time)"))
+    return cases
+
+
 @hidden_test("test_accumulate_gradients")
 def check_accumulate_gradients(nb):
     # B = 37 is never a multiple of the micro-batch: the last one is smaller.
     for kind, loss_fn, m, seed in [("mlp", nn.MSELoss(), 8, 1), ("frozen", nn.CrossEntropyLoss(), 8, 2),
                                    ("mlp", nn.CrossEntropyLoss(), 5, 3), ("frozen", nn.MSELoss(), 36, 4)]:
         _check_gradients(nb, kind, loss_fn, m, seed)
+    for model, loss_fn, x, y, m, what in _drawn_accumulate_cases():
+        _check_gradients_on(nb, model, loss_fn, x, y, m, what)
 
 
 # The memory cells' measured calls: a batch of WIDE_BATCH samples and micro-batches of WIDE_MICRO, both drawn at
@@ -384,27 +437,32 @@ def _loss_candidates(model, loss_fn, x, y, m: int) -> dict[str, float]:
 def check_accumulate_gradients_loss(nb):
     for kind, loss_fn, m, seed in [("mlp", nn.MSELoss(), 8, 21), ("frozen", nn.CrossEntropyLoss(), 5, 22),
                                    ("mlp", nn.CrossEntropyLoss(), 36, 23)]:
-        model = _plain(kind, seed)
         x, y = _data(loss_fn, B, 10 + seed)
-        what = f"{_what(kind, loss_fn, m)}: the returned loss"
-        _, _, desc = _accumulate(nb, model, loss_fn, x, y, m, what)
-        if desc["type"] != "Tensor":
-            raise AssertionError(f"{what} is a {desc['type']}, expected a detached 0-dim tensor "
-                                 "(the weighted sum of loss.detach() values)")
-        if desc["shape"] != []:
-            raise AssertionError(f"{what} has shape {desc['shape']}, expected a scalar (0-dim) tensor")
-        if desc["requires_grad"] or desc["has_grad_fn"]:
-            raise AssertionError(f"{what} is still attached to the autograd graph: return the weighted sum of "
-                                 "loss.detach() values (a detached 0-dim tensor), a number to log, not a graph")
-        value = desc["value"].double()
-        expected = _weighted(model, loss_fn, x, y, _chunks(B, m))[1]
-        if not same_close(value, torch.tensor(expected, dtype=torch.float64), **TOL):
-            hint = LOSS_HINT
-            for cause, wrong in _loss_candidates(model, loss_fn, x, y, m).items():
-                if same_close(value, torch.tensor(wrong, dtype=torch.float64), **TOL):
-                    hint = f"it is {cause}. {LOSS_HINT}"
-                    break
-            check_close(value, torch.tensor(expected, dtype=torch.float64), what, hint, **TOL)
+        _check_loss(nb, _plain(kind, seed), loss_fn, x, y, m, f"{_what(kind, loss_fn, m)}: the returned loss")
+    for model, loss_fn, x, y, m, what in _drawn_accumulate_cases():
+        _check_loss(nb, model, loss_fn, x, y, m, f"{what}: the returned loss")
+
+
+def _check_loss(nb, model: nn.Module, loss_fn, x, y, m: int, what: str) -> None:
+    """What accumulate_gradients returns: a detached 0-dim tensor, the full-batch mean loss."""
+    _, _, desc = _accumulate(nb, model, loss_fn, x, y, m, what)
+    if desc["type"] != "Tensor":
+        raise AssertionError(f"{what} is a {desc['type']}, expected a detached 0-dim tensor "
+                             "(the weighted sum of loss.detach() values)")
+    if desc["shape"] != []:
+        raise AssertionError(f"{what} has shape {desc['shape']}, expected a scalar (0-dim) tensor")
+    if desc["requires_grad"] or desc["has_grad_fn"]:
+        raise AssertionError(f"{what} is still attached to the autograd graph: return the weighted sum of "
+                             "loss.detach() values (a detached 0-dim tensor), a number to log, not a graph")
+    value = desc["value"].double()
+    expected = _weighted(model, loss_fn, x, y, _chunks(len(x), m))[1]
+    if not same_close(value, torch.tensor(expected, dtype=torch.float64), **TOL):
+        hint = LOSS_HINT
+        for cause, wrong in _loss_candidates(model, loss_fn, x, y, m).items():
+            if same_close(value, torch.tensor(wrong, dtype=torch.float64), **TOL):
+                hint = f"it is {cause}. {LOSS_HINT}"
+                break
+        check_close(value, torch.tensor(expected, dtype=torch.float64), what, hint, **TOL)
 
 
 @hidden_test("test_accumulate_gradients_edge_cases")
@@ -546,12 +604,38 @@ def _train_case(nb, kind, loss_fn, batch_sizes, m, steps, lr, momentum, seed, wr
     return model, loader, what, losses, table
 
 
+def _drawn_train_cases() -> list[tuple]:
+    """(model, loss_fn, loader, m, steps, lr, momentum, what) of the values cell's drawn cases: two batches of
+    DRAWN_BATCH samples with micro-batches of DRAWN_MICRO on a plain model, and one batch of the memory cell's
+    measured sizes on the narrow MLP; no batch is a multiple of m."""
+    n, m = _uneven(DRAWN_BATCH, DRAWN_MICRO)
+    sizes = (n, next(k for k in iter(lambda: draw(*DRAWN_BATCH), None) if k % m))
+    loader = [(x, _offset_last(y, m)) for x, y in (_data(nn.MSELoss(), k, new_seed()) for k in sizes)]
+    cases = [(_plain("frozen", new_seed()), nn.MSELoss(), loader, m, 2, 0.1, 0.9,
+              f"frozen model, MSELoss, batches of {list(sizes)}, micro_batch_size={m}, steps=2, "
+              "SGD(lr=0.1, momentum=0.9) (sizes and seeds drawn at grading time)")]
+    n, m = _uneven(WIDE_BATCH, WIDE_MICRO)
+    loader = [(seeded((n, WIDE_IN), seed=new_seed()), _offset_last(seeded((n, 1), seed=new_seed()), m))]
+    cases.append((_wide_model(NARROW, new_seed()), nn.MSELoss(), loader, m, 1, DRAWN_TRAIN_LR, 0.0,
+                  f"a Linear({WIDE_IN}, {NARROW})-Tanh-Linear({NARROW}, 1) MLP, MSELoss, one batch of {n}, "
+                  f"micro_batch_size={m}, one step of SGD(lr={DRAWN_TRAIN_LR}) (sizes and seeds drawn at grading "
+                  "time)"))
+    return cases
+
+
 @hidden_test("test_train_accumulated")
 def check_train_accumulated(nb):
+    cases = []
     for kind, loss_fn, sizes, m, steps, lr, momentum, seed in [
             ("mlp", nn.MSELoss(), (B, B, 23), 8, 3, 0.1, 0.0, 1),
             ("frozen", nn.CrossEntropyLoss(), (B, 29, 33), 10, 3, 0.2, 0.9, 2)]:
-        model, loader, what, losses, table = _train_case(nb, kind, loss_fn, sizes, m, steps, lr, momentum, seed)
+        model = _plain(kind, seed)
+        loader = [_data(loss_fn, n, 20 + 7 * seed + i) for i, n in enumerate(sizes)]
+        cases.append((model, loss_fn, loader, m, steps, lr, momentum,
+                      f"{kind} model, {type(loss_fn).__name__}, batches of {list(sizes)}, micro_batch_size={m}, "
+                      f"steps={steps}, SGD(lr={lr}, momentum={momentum})"))
+    for model, loss_fn, loader, m, steps, lr, momentum, what in cases + _drawn_train_cases():
+        losses, table = _train(nb, model, loss_fn, loader, m, steps, lr, momentum, what)
         values = _as_floats(losses, steps, what, len(loader))
         _check_trained(table, model, loss_fn, loader, m, steps, lr, momentum, what)
         _check_losses(values, _simulate(model, loss_fn, loader, steps, lr, momentum, m)[1], what)
