@@ -354,8 +354,10 @@ def pack_bits(mask):
 
     Graded on, one cell per property: the exact bytes for random masks of 1, 7, 8, 9, 61 and 1000 elements
     and of shapes (3, 5, 7), (2, 1, 4, 4) and (37, 53), for 61 True values, for 9 elements with a single
-    True (element 0, 7 or 8) and for a random mask whose shape (up to 64 × 64) is drawn at grading time,
-    with the dtype and the flat shape; the ValueError for float, uint8 and int64
+    True (element 0, 7 or 8), for a random mask whose shape (up to 64 × 64) is drawn at grading time, and
+    for a random 2-D mask of 2^20 to 15 × 2^20 elements whose shape (last dimension 1 to 4096), density and
+    values are drawn at grading time (its bytes compared at the first and last 8 and at 256 positions drawn
+    at grading time), with the dtype and the flat shape; the ValueError for float, uint8 and int64
     tensors. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
@@ -410,9 +412,11 @@ def unpack_bits(packed, numel):
     Raises:
         ValueError: if ``packed`` is not uint8 or holds fewer than ``numel`` bits.
 
-    Graded on: the masks ``pack_bits`` is graded on (1 to 37 × 53 elements, and one whose shape is drawn at
-    grading time) and 61 False values, packed with
-    every unused bit of the last byte set to 1; the dtype, the shape ``(numel,)`` and every element; the
+    Graded on: the masks ``pack_bits`` is graded on (1 to 37 × 53 elements, one whose shape is drawn at
+    grading time up to 64 × 64, and a 2-D one of 2^20 to 15 × 2^20 elements whose shape, density and values
+    are drawn at grading time) and 61 False values, packed with every unused bit of the last byte set to 1;
+    the dtype, the shape ``(numel,)`` and every element (of the large mask, those of the bytes its
+    ``pack_bits`` case compares: the first and last 8 and 256 drawn at grading time); the
     ValueError for int64 and float buffers and for buffers holding fewer than numel bits (17 elements asked
     of two bytes, 1 of none). Each graded cell may use 60 s and 4 GiB.
     """

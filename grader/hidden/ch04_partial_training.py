@@ -12,7 +12,11 @@ ValueError for unknown modes (near misses included), whose message lists the fou
 says so).
 
 ``pack_bits`` / ``unpack_bits`` are compared with ``numpy.packbits(..., bitorder="little")``, on fixed
-masks and one whose shape, density and values are drawn at grading time; a wrong layout is matched
+masks, one whose shape (up to 64 × 64), density and values are drawn at grading time, and a 2-D one of 2^20
+to 15 × 2^20 elements (the sizes ``relu_1bit`` is measured on, and below) whose shape, density and values are
+drawn at grading time: made in the worker from a seed (``x < threshold``), its result compared at the first
+and last 8 bytes and 256 bytes drawn at grading time (``probes.ch04_entries`` fetches only those), so code
+right only on small masks fails where it is wrong; a wrong layout is matched
 against the plausible ones (most significant bit first, bytes reversed, padding before the elements,
 the 8 elements of a byte taken with a stride, a mask flattened in another order) to name the one
 that was made. The buffers given to ``unpack_bits`` carry garbage in their unused tail bits; it must
@@ -243,16 +247,56 @@ def _drawn_mask() -> tuple[tuple[int, int], torch.Tensor]:
     return shape, _mask(shape, seed=new_seed(), p=draw(1, 99) / 100)
 
 
-def _pack_cases():
+LARGE_LOW, LARGE_HIGH = 1 << 20, 15 << 20  # elements of the large mask: drawn at grading time in this range
+LARGE_COLS = (1, 4096)  # its last dimension, drawn too
+LARGE_SAMPLES = 256  # bytes drawn at grading time where the large case is compared (besides the first and last 8)
+
+
+def _large_case() -> dict:
+    """A 2-D mask of 2^20 to 15 × 2^20 elements whose shape, density and values are drawn at grading time
+    (``x < threshold`` for a standard-normal ``x`` made from a seed drawn now, so that the student's process can
+    make the very same mask: no mask of megabytes travels), and the bytes where it is compared: the first and
+    last 8 and ``LARGE_SAMPLES`` drawn now."""
+    cols = draw(*LARGE_COLS)
+    rows = draw(-(-LARGE_LOW // cols), LARGE_HIGH // cols)
+    threshold = float(torch.special.ndtri(torch.tensor(draw(1, 99) / 100, dtype=torch.float64)))
+    seed = new_seed()
+    nbytes = math.ceil(rows * cols / 8)
+    drawn = torch.randint(0, nbytes, (LARGE_SAMPLES,), generator=torch.Generator().manual_seed(new_seed()))
+    return {"shape": (rows, cols), "seed": seed, "threshold": threshold,
+            "mask": seeded((rows, cols), seed=seed) < threshold,
+            "bytes": torch.cat([torch.arange(8), torch.arange(nbytes - 8, nbytes), drawn]).unique(),  # sorted
+            "where": f"a random mask of shape ({rows}, {cols}) ({rows * cols} elements, drawn at grading time)"}
+
+
+def _settle_allocator(nb) -> None:
+    """Run in-kernel (``LocalNamespace``), the first memory reading pins glibc's mmap threshold; taken before the
+    large mask's megabytes come and go, it keeps glibc from raising that threshold, so the memory cells' later
+    readings in the same process stay exact. In the judge, one reading from outside, unused."""
+    nb.memory()
+
+
+def _large_remote(nb, case: dict):
+    """The large case's mask, made in the student's process from its seed."""
+    return fresh_tensor(nb, case["shape"], requires_grad=False, seed=case["seed"]).lt(case["threshold"])
+
+
+def _pack_cases(nb):
+    """(what, the mask, what is sent for it, the bytes compared: None for all)."""
     for i, shape in enumerate(SHAPES):
-        yield f"a random mask of shape {shape}", _mask(shape, seed=100 + i)
-    yield "61 True values", torch.ones(61, dtype=torch.bool)
+        mask = _mask(shape, seed=100 + i)
+        yield f"a random mask of shape {shape}", mask, mask, None
+    yield "61 True values", torch.ones(61, dtype=torch.bool), torch.ones(61, dtype=torch.bool), None
     for j in (0, 7, 8):
         one_hot = torch.zeros(9, dtype=torch.bool)
         one_hot[j] = True
-        yield f"9 elements with only element {j} True", one_hot
+        yield f"9 elements with only element {j} True", one_hot, one_hot, None
     shape, mask = _drawn_mask()
-    yield f"a random mask of shape {shape} (drawn at grading time)", mask
+    yield f"a random mask of shape {shape} (drawn at grading time)", mask, mask, None
+    _settle_allocator(nb)
+    case = _large_case()
+    yield (f"{case['where']}, compared at {case['bytes'].numel()} bytes (the first and last 8, the others drawn at "
+           "grading time)", case["mask"], _large_remote(nb, case), case["bytes"])
 
 
 def _bits(mask: torch.Tensor, order: str = "row") -> torch.Tensor:
@@ -264,16 +308,12 @@ def _bits(mask: torch.Tensor, order: str = "row") -> torch.Tensor:
 
 def _pack_as(bits: torch.Tensor, lsb_first: bool = True, pad_at_end: bool = True, strided: bool = False):
     """Pack 0/1 values 8 to a byte the way a plausible implementation would."""
-    n = bits.numel()
-    pad = 8 * math.ceil(n / 8) - n
-    zeros = torch.zeros(pad, dtype=torch.uint8)
-    padded = torch.cat([bits, zeros] if pad_at_end else [zeros, bits]).long()
-    weights = 2 ** torch.arange(8)
-    if not lsb_first:
-        weights = weights.flip(0)
+    flat = bits.numpy().astype(np.uint8)
+    zeros = np.zeros(-flat.size % 8, dtype=np.uint8)
+    padded = np.concatenate([flat, zeros] if pad_at_end else [zeros, flat])
     if strided:  # byte k holds elements k, k + nbytes, k + 2 nbytes, ...
-        return (padded.view(8, -1) * weights[:, None]).sum(0).to(torch.uint8)
-    return (padded.view(-1, 8) * weights).sum(1).to(torch.uint8)
+        padded = padded.reshape(8, -1).T.reshape(-1)
+    return torch.from_numpy(np.packbits(padded, bitorder="little" if lsb_first else "big"))
 
 
 MSB_HINT = ("element 8k + j went to bit 7 - j (most significant bit first, numpy.packbits' default "
@@ -305,29 +345,34 @@ def _byte_bits(byte: int) -> str:
 @hidden_test("test_pack_bits")
 def check_pack_bits(nb):
     wrong = []  # (what differs, the known mistakes that give exactly this output, the generic hint)
-    for where, mask in _pack_cases():
+    for where, mask, sent, picks in _pack_cases(nb):
         n = mask.numel()
-        got = fetch(nb.pack_bits(mask))
-        want = _reference_pack(mask)
-        if not isinstance(got, torch.Tensor) or got.dtype != torch.uint8:
-            raise AssertionError(f"pack_bits({where}) returned "
-                                 f"{getattr(got, 'dtype', type(got).__name__)}: return a torch.uint8 tensor")
-        if tuple(got.shape) != (math.ceil(n / 8),):
-            if got.numel() == n // 8 and n % 8:
+        nbytes = math.ceil(n / 8)
+        picks = torch.arange(nbytes) if picks is None else picks
+        got = fetch(nb.apply(probes.ch04_entries, nb.pack_bits(sent), picks))
+        del sent
+        if got["dtype"] != str(torch.uint8):
+            raise AssertionError(f"pack_bits({where}) returned {got['dtype'] or got['type']}: return a torch.uint8 "
+                                 "tensor")
+        if tuple(got["shape"]) != (nbytes,):
+            size = math.prod(got["shape"])
+            if size == n // 8 and n % 8:
                 hint = TAIL_HINT
-            elif got.numel() == n and n > 1:
+            elif size == n and n > 1:
                 hint = "that is one byte per element: pack eight elements into each byte"
             else:
                 hint = "return a flat tensor of ceil(n / 8) bytes"
-            raise AssertionError(f"pack_bits({where}) has shape {tuple(got.shape)}, expected "
-                                 f"({math.ceil(n / 8)},). {hint}")
-        if not same_values(got, want):
-            k = int((got != want).nonzero()[0])
+            raise AssertionError(f"pack_bits({where}) has shape {tuple(got['shape'])}, expected ({nbytes},). {hint}")
+        want = _reference_pack(mask)
+        values = got["values"]
+        if not same_values(values, want[picks]):
+            differ = picks[values != want[picks]]
+            k = int(differ[0])
             used = (1 << (n % 8 or 8)) - 1  # the bits of the last byte that hold elements
-            tail_only = same_values(got[:-1], want[:-1]) and int(got[-1]) & used == int(want[-1])
+            tail_only = differ.tolist() == [nbytes - 1] and int(values[-1]) & used == int(want[-1])
             causes = (["the unused high bits of the last byte must be 0"] if tail_only else
-                      [cause for cause, wrong in _layouts(mask).items() if same_values(got, wrong)])
-            wrong.append((f"pack_bits({where}): byte {k} is {_byte_bits(int(got[k]))}, expected "
+                      [cause for cause, wrong in _layouts(mask).items() if same_values(values, wrong[picks])])
+            wrong.append((f"pack_bits({where}): byte {k} is {_byte_bits(int(values[picks == k][0]))}, expected "
                           f"{_byte_bits(int(want[k]))}.", causes,
                           f"{LAYOUT_HINT}: byte {k} holds elements {8 * k} to {min(8 * k + 7, n - 1)}, "
                           f"{_bits(mask)[8 * k:8 * k + 8].tolist()} (element {8 * k} first)"))
@@ -365,9 +410,8 @@ def _with_garbage_tail(packed: torch.Tensor, n: int) -> torch.Tensor:
 
 def _unpack_as(packed: torch.Tensor, lsb_first: bool = True, strided: bool = False) -> torch.Tensor:
     """All 8 × n_bytes bits of ``packed`` in the order a plausible implementation reads them."""
-    shifts = torch.arange(8) if lsb_first else torch.arange(7, -1, -1)
-    bits = (packed.long().view(-1, 1) >> shifts) & 1  # (n_bytes, 8)
-    return (bits.t() if strided else bits).reshape(-1).bool()
+    bits = np.unpackbits(packed.numpy(), bitorder="little" if lsb_first else "big").reshape(-1, 8)
+    return torch.from_numpy((bits.T if strided else bits).reshape(-1).astype(bool))
 
 
 def _readings(packed: torch.Tensor, n: int) -> dict[str, torch.Tensor]:
@@ -395,27 +439,38 @@ def _refused(nb, packed: torch.Tensor, numel: int, why: str) -> None:
 
 @hidden_test("test_unpack_bits")
 def check_unpack_bits(nb):
-    cases = [(f"a random mask of {math.prod(s)} elements", _mask(s, seed=200 + i)) for i, s in enumerate(SHAPES)]
-    cases.append(("61 False values", torch.zeros(61, dtype=torch.bool)))
+    cases = [(f"a random mask of {math.prod(s)} elements", _mask(s, seed=200 + i), None)
+             for i, s in enumerate(SHAPES)]
+    cases.append(("61 False values", torch.zeros(61, dtype=torch.bool), None))
     shape, mask = _drawn_mask()
-    cases.append((f"a random mask of shape {shape} (drawn at grading time)", mask))
+    cases.append((f"a random mask of shape {shape} (drawn at grading time)", mask, None))
+    _settle_allocator(nb)
+    case = _large_case()  # compared at the elements of whole bytes (of the last, those that exist)
+    elements = (8 * case["bytes"][:, None] + torch.arange(8)).reshape(-1)
+    elements = elements[elements < case["mask"].numel()]
+    cases.append((f"{case['where']}, compared at {elements.numel()} elements (those of the first and last 8 bytes "
+                  "and of bytes drawn at grading time)", case["mask"], elements))
     wrong = []  # (what differs, the known mistakes that give exactly this output, the generic hint)
-    for where, mask in cases:
+    for where, mask, picks in cases:
         n = mask.numel()
+        picks = torch.arange(n) if picks is None else picks
         packed = _with_garbage_tail(_reference_pack(mask), n)
-        got = fetch(nb.unpack_bits(packed, n))
+        got = fetch(nb.apply(probes.ch04_entries, nb.unpack_bits(packed, n), picks))
         want = mask.reshape(-1)
-        if not isinstance(got, torch.Tensor) or got.dtype != torch.bool:
-            raise AssertionError(f"unpack_bits for {where} returned "
-                                 f"{getattr(got, 'dtype', type(got).__name__)}: return a torch.bool tensor")
-        if tuple(got.shape) != (n,):
-            raise AssertionError(f"unpack_bits(packed, {n}) has shape {tuple(got.shape)}, expected ({n},): return "
+        if got["dtype"] != str(torch.bool):
+            raise AssertionError(f"unpack_bits for {where} returned {got['dtype'] or got['type']}: return a "
+                                 "torch.bool tensor")
+        if tuple(got["shape"]) != (n,):
+            raise AssertionError(f"unpack_bits(packed, {n}) has shape {tuple(got['shape'])}, expected ({n},): return "
                                  "exactly numel elements (the tail bits of the last byte are not elements)")
-        if not same_values(got, want):
-            i = int((got != want).nonzero()[0])
-            wrong.append((f"unpack_bits for {where} (unused tail bits set to 1): element {i} is {bool(got[i])}, "
+        values = got["values"]
+        if not same_values(values, want[picks]):
+            j = int((values != want[picks]).nonzero()[0])
+            i = int(picks[j])
+            wrong.append((f"unpack_bits for {where} (unused tail bits set to 1): element {i} is {bool(values[j])}, "
                           f"expected {bool(want[i])}.",
-                          [cause for cause, reading in _readings(packed, n).items() if same_values(got, reading)],
+                          [cause for cause, reading in _readings(packed, n).items()
+                           if same_values(values, reading[picks])],
                           "read element 8k + j from bit j of byte k, (byte >> j) & 1, for every k"))
     _report(wrong)
     packed = _reference_pack(_mask((17,), seed=250))  # 3 bytes, 24 bits

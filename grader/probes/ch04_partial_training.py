@@ -1,4 +1,5 @@
-"""Probes of chapter 4 (partial training): what autograd saves during a call."""
+"""Probes of chapter 4 (partial training): what autograd saves during a call, and sampled entries of a large
+result."""
 from __future__ import annotations
 
 from typing import Callable
@@ -36,3 +37,14 @@ def ch04_saved_run(fn: Callable, x: torch.Tensor, grad_out: torch.Tensor, overwr
     y.backward(grad_out)
     out["dx"] = None if x.grad is None else x.grad.detach().clone()
     return out
+
+
+def ch04_entries(t, picks: torch.Tensor) -> dict:
+    """The type, dtype and shape of what the student's code returned and, when it is a tensor, its entries at
+    the flat positions ``picks`` that it has (values only: the judge compares them with its own). Keeps the
+    data sent back small when the tensor is large."""
+    if not isinstance(t, torch.Tensor):
+        return {"type": type(t).__name__, "dtype": None, "shape": None, "values": None}
+    flat = torch.Tensor.reshape(torch.Tensor.detach(t), (-1,))
+    inside = picks[picks < flat.numel()]
+    return {"type": "Tensor", "dtype": str(t.dtype), "shape": list(t.shape), "values": flat[inside].clone()}
