@@ -12,13 +12,16 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # Jupyter refuses to run as root (containers, CI) unless told it may.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab lab-instructor demo test release selfcheck bench checkpoints clean help
+.PHONY: lab lab-instructor demo test test-profile check release selfcheck bench checkpoints clean help
 
 help:
 	@echo "make lab         open the course in JupyterLab (prints the URL; headless)"
 	@echo "make lab-instructor  JupyterLab with nbgrader's tools; solutions/*.py open as notebooks"
 	@echo "make demo        lecture dashboards: every chapter's slider demos (Voila; prints the URL)"
-	@echo "make test        run the whole test suite (fast mode, $(WORKERS) workers)"
+	@echo "make test        run the whole test suite (fast mode, $(WORKERS) workers); profile in build/test-profile.md"
+	@echo "make test-profile  the whole suite, then where its time went: per file, per chapter, fixed costs"
+	@echo "make check CHAPTER=ch04_partial_training  one chapter's tests (hidden checks, wrong and second answers,"
+	@echo "                 hostile cases, notebook, release): the inner loop for authors"
 	@echo "make release     regenerate course/ from solutions/"
 	@echo "make selfcheck   references score full marks, blank releases score 0"
 	@echo "make bench       slow benchmarks (GPU ones skip without CUDA)"
@@ -46,8 +49,21 @@ demo: $(STAMP)
 
 # One thread per test worker: the workers already fill the cores, and torch's own threads
 # competing with them make notebooks several times slower on a 2-core machine.
+PYTEST = COURSE_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup
+
+# Every run writes build/test-profile.md (tests/profiling.py): wall time per file and chapter, fixed costs.
 test: $(STAMP)
-	COURSE_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup
+	$(PYTEST)
+
+test-profile: $(STAMP)
+	$(PYTEST) || status=$$?; cat build/test-profile.md; exit $${status:-0}
+
+# The tests that name one chapter (its id or short id, e.g. ch04): the graded batch grades that chapter alone.
+CHAPTERS := $(basename $(notdir $(wildcard solutions/ch*.py)))
+check: $(STAMP)
+	@test -n "$(CHAPTER)" || { echo "usage: make check CHAPTER=<id>, one of: $(CHAPTERS)"; exit 2; }
+	@case " $(CHAPTERS) " in *" $(CHAPTER) "*) ;; *) echo "unknown chapter '$(CHAPTER)'; one of: $(CHAPTERS)"; exit 2;; esac
+	$(PYTEST) -k "$(firstword $(subst _, ,$(CHAPTER)))"
 
 release: $(STAMP)
 	$(BIN)/python -m grader release

@@ -3,6 +3,7 @@
 Layout in:  SUBMISSIONS/<student_id>/<chapter_id>/<chapter_id>.ipynb  (nbgrader's submitted/)
 Out:        OUT/grades.csv  (student_id,chapter,problem,score,max_score; one row per graded cell)
             OUT/feedback/<student_id>/<chapter_id>.html
+            OUT/timing.csv  (student_id,chapter,seconds; the wall time each submission of this run took)
             the nbgrader gradebook (default sqlite:///OUT/gradebook.db; --db for PostgreSQL)
 
 What runs where (see grader/sandbox/judge.py for the threat model):
@@ -36,6 +37,7 @@ import csv
 import os
 import sys
 import threading
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -63,6 +65,7 @@ class Result:
     sources: dict[str, str | None] = field(default_factory=dict)
     note: str = ""  # a reason that concerns the whole submission
     unisolated: bool = False  # graded without the isolated sandbox: flagged wherever it is written
+    seconds: float = 0.0  # wall time this submission took to grade (OUT/timing.csv)
 
     def points(self, grade_id: str, max_points: float) -> float:
         return max_points if self.outcomes[grade_id].passed else 0.0
@@ -100,6 +103,13 @@ def _failed(lay: Layout, reason: str) -> dict[str, Outcome]:
 
 def grade_one(student: str, chapter: str, path: Path, lay: Layout, limits: Limits) -> Result:
     """Grade one submission. Never raises: every failure becomes zeros with a reason."""
+    start = time.monotonic()
+    result = _grade_one(student, chapter, path, lay, limits)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def _grade_one(student: str, chapter: str, path: Path, lay: Layout, limits: Limits) -> Result:
     try:
         try:
             cells = intake.parse_notebook(intake.read_bytes(path))
@@ -321,7 +331,19 @@ def autograde(submissions: Path, out: Path, workers: int = 1, timeout: float | N
         if bar is not None:
             bar.close()
         gradebook.close()
+        _write_timing(out / "timing.csv", results)
     return sorted(results, key=lambda r: (r.student, r.chapter))
+
+
+def _write_timing(path: Path, results: list[Result]) -> None:
+    """OUT/timing.csv: how long each submission graded in this run took (wall seconds)."""
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["student_id", "chapter", "seconds"])
+        for r in sorted(results, key=lambda r: (r.student, r.chapter)):
+            w.writerow([r.student, r.chapter, f"{r.seconds:.3f}"])
+    os.replace(tmp, path)
 
 
 def _write_not_graded(path: Path, entries: list[tuple[str, str]]) -> None:

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["profiling", "xdist_groups"]  # build/test-profile.md after every run; xdist_group kept
+
 # Before anything imports coursekit.config, which reads it once.
 os.environ.setdefault("COURSE_FAST", "1")
 
@@ -22,3 +24,10 @@ nbgrader_env()
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+def pytest_collection_finish(session):
+    """The once-per-run graded batch grades the chapters the selected tests name (all, in a whole run)."""
+    import graded_once
+
+    graded_once.select([item.nodeid for item in session.items])

@@ -17,12 +17,14 @@ from __future__ import annotations
 import csv
 import fcntl
 import os
+import re
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 from conftest import ROOT, AUTOGRADE
+import profiling
 from grader.notebooks import chapters
 from grader.sandbox.handles import POISON_ENV
 import second_submissions
@@ -44,6 +46,29 @@ def _clean_old(keep: Path) -> None:
             shutil.rmtree(d, ignore_errors=True)
 
 
+# The chapters this run's selected tests name (``make check CHAPTER=...``, ``-k ch04``); None: every chapter,
+# as soon as one selected test names none. Set by ``conftest.pytest_collection_finish`` in each process.
+SELECTED: set[str] | None = None
+
+
+def graded_chapters() -> list[str]:
+    return [ch for ch in chapters() if SELECTED is None or ch in SELECTED]
+
+
+def select(nodeids: list[str]) -> None:
+    """Grade only the chapters that ``nodeids`` name when every one of them names one (``ch04`` or its full id)."""
+    global SELECTED
+    short = {ch.split("_")[0]: ch for ch in chapters()}
+    named: set[str] = set()
+    for nodeid in nodeids:
+        found = {short[m] for m in re.findall(r"(?<![a-z0-9])(ch\d\d)", nodeid) if m in short}
+        if not found:
+            SELECTED = None
+            return
+        named |= found
+    SELECTED = named or None
+
+
 def batch() -> Path:
     """OUT of the run's reference/blank batch (grades.csv, feedback/); graded on first use."""
     root = _run_dir()
@@ -56,7 +81,7 @@ def batch() -> Path:
             sub = root / "submitted"
             shutil.rmtree(sub, ignore_errors=True)
             shutil.rmtree(out, ignore_errors=True)
-            for ch in chapters():
+            for ch in graded_chapters():
                 write(sub, "reference", ch, reference(ch))
                 write(sub, "blank", ch, blank(ch))
                 # Handed in as run, with 8 MiB of plots: outputs never count against the exercises.
@@ -64,9 +89,9 @@ def batch() -> Path:
             # What probes measure inside the student's process is replaced by claims that fail any check that
             # consults them (grader.sandbox.handles.POISON_ENV): full marks must rest on outside readings and values.
             env = {**os.environ, POISON_ENV: "1"}
-            proc = subprocess.run([*AUTOGRADE, str(sub), "--out", str(out),
-                                   "--workers", "2", "--timeout", "180"], cwd=ROOT, capture_output=True,
-                                  text=True, timeout=3000, env=env)
+            proc = profiling.graded_batch(subprocess.run, [*AUTOGRADE, str(sub), "--out", str(out), "--workers", "2",
+                                                            "--timeout", "180"], out, cwd=ROOT,
+                                          capture_output=True, text=True, timeout=3000, env=env)
             (root / "log.txt").write_text(proc.stdout + proc.stderr)
             if proc.returncode != 0:
                 raise RuntimeError(f"autograding the references failed:\n{proc.stderr[-3000:]}")

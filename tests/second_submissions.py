@@ -42,14 +42,15 @@ def _grade(chapters: list[str]) -> int:
     import tempfile
 
     from conftest import ROOT, AUTOGRADE
+    import profiling
     from submissions import write
 
     with tempfile.TemporaryDirectory() as tmp:
         sub, out = Path(tmp) / "sub", Path(tmp) / "out"
         for ch in chapters:
             write(sub, "second", ch, notebook(ch))
-        proc = subprocess.run([*AUTOGRADE, str(sub), "--out", str(out),
-                               "--workers", "2"], cwd=ROOT, capture_output=True, text=True)
+        proc = profiling.graded_batch(subprocess.run, [*AUTOGRADE, str(sub), "--out", str(out), "--workers", "2"],
+                                      out, cwd=ROOT, capture_output=True, text=True)
         print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
         if not (out / "grades.csv").exists():
             return 2

@@ -6,6 +6,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT, AUTOGRADE
+import profiling
 from grader.autograde import release_layout
 from grader.notebooks import chapters
 import graded_once
@@ -21,8 +22,8 @@ VICTIM = "def predict_training_memory(model, batch_size, optimizer):\n    return
 
 
 def autograde(sub, out, *extra):
-    return subprocess.run([*AUTOGRADE, str(sub), "--out", str(out), *extra],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    return profiling.graded_batch(subprocess.run, [*AUTOGRADE, str(sub), "--out", str(out), *extra], out,
+                                  cwd=ROOT, capture_output=True, text=True, timeout=1500)
 
 
 def read_grades(out):

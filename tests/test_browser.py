@@ -28,6 +28,7 @@ import requests
 
 import graded_once
 from conftest import ROOT, AUTOGRADE
+import profiling
 from grader import demo
 from grader.notebooks import chapters, grade_id, is_demo, read_source
 from submissions import with_exercise, write
@@ -386,8 +387,8 @@ def test_feedback_page_shows_scores_and_reasons(browser, tmp_path):
     sub, out = tmp_path / "submitted", tmp_path / "out"
     wrong = next(ex for ch, ex in WRONG if ch == STUDENT_CHAPTER)
     write(sub, "wrong", STUDENT_CHAPTER, with_exercise(STUDENT_CHAPTER, wrong, WRONG[STUDENT_CHAPTER, wrong]))
-    proc = subprocess.run([*AUTOGRADE, str(sub), "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = profiling.graded_batch(subprocess.run, [*AUTOGRADE, str(sub), "--out", str(out)], out,
+                                  cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     layout_points = sum(float(c.metadata["nbgrader"]["points"]) for c in read_source(STUDENT_CHAPTER).cells
                         if c.metadata.get("nbgrader", {}).get("grade"))

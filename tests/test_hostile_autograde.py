@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, AUTOGRADE
+import profiling
 from submissions import reference, with_exercise, write
 from wrong_submissions import WRONG
 
@@ -48,9 +49,9 @@ def batch(tmp_path_factory):
         source = wrong + "\n\n" + trick
         write(sub, name.replace("_", "-"), CHAPTER, with_exercise(CHAPTER, "predict_training_memory", source))
     before = {p: p.read_bytes() for p in (honest, course_copy)}
-    proc = subprocess.run([*AUTOGRADE, str(sub), "--out", str(out),
-                           "--workers", "2", "--timeout", "20"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=1200)
+    proc = profiling.graded_batch(subprocess.run, [*AUTOGRADE, str(sub), "--out", str(out), "--workers", "2",
+                                                    "--timeout", "20"], out,
+                                  cwd=ROOT, capture_output=True, text=True, timeout=1200)
     try:
         listener.accept()
         reached = True

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, AUTOGRADE
+import profiling
 from grader.autograde import release_layout
 from grader.notebooks import chapters
 from submissions import blank, reference, with_exercise, write
@@ -89,9 +90,9 @@ def batch(tmp_path_factory, request):
         nb = with_exercise(case["CHAPTER"], case["EXERCISE"], case["SOURCE"], base=base)
         write(sub, student(name), case["CHAPTER"], nb)
     # --timeout: chapter 10's interpreted Triton test alone takes over 60 s on a busy 2-core machine
-    proc = subprocess.run([*AUTOGRADE, str(sub), "--out", str(out),
-                           "--workers", "2", "--timeout", "180"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=3000)
+    proc = profiling.graded_batch(subprocess.run, [*AUTOGRADE, str(sub), "--out", str(out), "--workers", "2",
+                                                    "--timeout", "180"], out,
+                                  cwd=ROOT, capture_output=True, text=True, timeout=3000)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with (out / "grades.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
