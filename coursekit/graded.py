@@ -8,8 +8,10 @@ chapter therefore starts with
 
     from coursekit.graded import check_as_graded; check_as_graded("ch04_partial_training", "pack_bits")
 
-which runs the setup cells and the exercise cells up to ``pack_bits`` (as the kernel last ran
-them) in a fresh namespace, then raises a NameError that names every global name those cells
+which first reads the exercise cell as typed against the grader's source policy (raising
+RefusedByTheGrader with the feedback's own reason when the grader would not run it), then runs the
+setup cells and the exercise cells up to ``pack_bits`` (as the kernel last ran
+them) in a fresh namespace, and raises a NameError that names every global name those cells
 read and the grader would not have, with the import line the student's kernel used. It is silent
 when all is well, restores the random number generators it may have moved, and does nothing
 outside IPython.
@@ -36,7 +38,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["check_as_graded", "defines", "global_reads", "module_bindings", "BUILTINS"]
+__all__ = ["check_as_graded", "RefusedByTheGrader", "defines", "global_reads", "module_bindings", "BUILTINS"]
 
 CHAPTER_RE = re.compile(r"^ch\d\d_[a-z0-9_]+$")
 # What the grader's namespace holds beside the builtins (an inert get_ipython, and display).
@@ -479,13 +481,81 @@ def latest_definition(history: list[str], name: str) -> str | None:
     return None
 
 
-def check(chapter: str, exercise: str, history: list[str], user_ns: dict, notebook: Path | None = None
-          ) -> str | None:
+class RefusedByTheGrader(Exception):
+    """An exercise cell that the grader's source policy refuses: it would not run, and every test cell of
+    its exercise would score 0 (the message is the one the feedback would show)."""
+
+
+def refusal(chapter: str, exercise: str, history: list[str], notebook: Path | None = None) -> str | None:
+    """The grader's reason for refusing ``exercise``'s cell as the kernel last ran it (``history``: the
+    cells as typed), or None: the cell may run, was not run yet, or there is no policy to ask."""
+    path = notebook or find_notebook(chapter)
+    source = _typed_definition(history, exercise)
+    if path is None or source is None:
+        return None
+    refusals = _grader_refusals()
+    try:
+        release = read_release(path)
+    except (OSError, ValueError):  # the checks after this one say so
+        return None
+    if refusals is None or exercise not in release.exercises:
+        return None
+    return refusals(chapter, release.setup, {exercise: source}).get(exercise)
+
+
+def _typed_definition(history: list[str], name: str) -> str | None:
+    """:func:`latest_definition` among cells as typed, where a cell that is not Python (a magic, a shell
+    line) defines ``name`` when one of its lines starts its def or class."""
+    pattern = re.compile(rf"^(?:async[ \t]+)?(?:def|class)[ \t]+{re.escape(name)}\b", re.M)
+    for source in reversed(history):
+        if not isinstance(source, str):
+            continue
+        if name in top_level_names(source) or (not _parses(source) and pattern.search(source)):
+            return source
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
+
+
+def _grader_refusals():
+    """The grader's ``source_policy.refusals``: importable where the course runs from its repository (a kernel
+    started in ``course/`` has the repository beside it); None where there is no grader (a copy of the
+    notebooks alone)."""
+    try:
+        from grader.source_policy import refusals
+        return refusals
+    except ImportError:
+        pass
+    root = str(Path(__file__).resolve().parent.parent)
+    if not Path(root, "grader", "source_policy.py").is_file():
+        return None
+    sys.path.insert(0, root)
+    try:
+        from grader.source_policy import refusals
+        return refusals
+    except ImportError:
+        return None
+    finally:
+        sys.path.remove(root)
+
+
+def check(chapter: str, exercise: str, history: list[str], user_ns: dict, notebook: Path | None = None,
+          policy: bool = True) -> str | None:
     """What :func:`check_as_graded` reports, with the kernel's history and namespace given: the
-    message of its NameError, or None when all is well or the check had to be skipped (a note
-    says why)."""
+    grader's reason for refusing the cell (``policy``), else the message of its NameError, or None
+    when all is well or the check had to be skipped (a note says why)."""
     if not CHAPTER_RE.match(chapter):
         raise ValueError(f"chapter must look like ch04_partial_training, got {chapter!r}")
+    refused = refusal(chapter, exercise, history, notebook) if policy else None
+    if refused:
+        return refused
     path = notebook or find_notebook(chapter)
     skipped = f"Note: `{exercise}` was not run the way the grader runs it (the setup cells, then the exercise cells)"
     if path is None:
@@ -522,9 +592,11 @@ def check_as_graded(chapter: str, exercise: str) -> None:
     """Run ``exercise`` the way the grader will: the setup cells of ``chapter``, then its exercise
     cells up to this one as this kernel last ran them, in a fresh namespace.
 
-    Raises NameError naming each name those cells read that the grader would not have (with the
-    import line this kernel used), or the exception a cell raises when run that way. Silent when
-    all is well; does nothing outside IPython.
+    Raises RefusedByTheGrader, with the reason the feedback would give, when the grader's source
+    policy would not run the exercise cell as typed (then all of its test cells score 0); NameError
+    naming each name those cells read that the grader would not have (with the import line this
+    kernel used); or the exception a cell raises when run that way. Silent when all is well; does
+    nothing outside IPython.
     """
     __tracebackhide__ = True  # noqa: F841 - IPython leaves this frame out of the traceback
     ipython = sys.modules.get("IPython")
@@ -535,6 +607,12 @@ def check_as_graded(chapter: str, exercise: str) -> None:
     history = getattr(manager, "input_hist_parsed", None)
     if history is None:
         history = shell.user_ns.get("In", [])
-    problem = check(chapter, exercise, list(history), shell.user_ns)
+    if not CHAPTER_RE.match(chapter):
+        raise ValueError(f"chapter must look like ch04_partial_training, got {chapter!r}")
+    typed = getattr(manager, "input_hist_raw", None) or history  # the cells as saved, magics included
+    refused = refusal(chapter, exercise, list(typed))
+    if refused:
+        raise RefusedByTheGrader(refused)
+    problem = check(chapter, exercise, list(history), shell.user_ns, policy=False)
     if problem:
         raise NameError(problem)

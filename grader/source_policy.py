@@ -60,7 +60,9 @@ from functools import lru_cache
 
 # Modules (with their public submodules) every chapter's exercises may import.
 DEFAULT_MODULES = ("torch", "math", "numpy", "typing", "dataclasses", "itertools", "functools", "collections",
-                   "statistics", "copy", "contextlib", "warnings", "heapq", "bisect", "numbers", "abc")
+                   "statistics", "copy", "contextlib", "warnings", "heapq", "bisect", "numbers", "abc",
+                   "operator", "re", "string", "random", "fractions", "decimal")
+# Not offered, on purpose: enum (its functional API defines a class's attributes, dunders included, from strings).
 # Submodules refused although their package is allowed: what they offer is an escape, not an answer.
 DENIED = {
     "torch.utils": "torch.utils holds tools, not exercise material (torch.utils.data and hooks stay allowed)",
@@ -120,7 +122,12 @@ MEMBERS_REFUSED = {
                      "numpy.fromregex"), "it reads or writes files or pickles, which can run code"),
     **dict.fromkeys(("numpy.from_dlpack", "torch.from_dlpack", "torch.frombuffer", "numpy.frombuffer"),
                     "it reads or writes raw memory"),
+    **dict.fromkeys(("operator.attrgetter", "operator.methodcaller", "string.Formatter"),
+                    "it reads attributes by a run-time name, as getattr with a computed name does"),
 }
+# Members whose name is refused as an attribute elsewhere, allowed where they are (a regular expression compiles
+# no code: ``re.compile``).
+MEMBERS_ALLOWED = frozenset({"re.compile"})
 ALLOWED_INSIDE_DENIED = ("torch.utils.data", "torch.utils.hooks", "torch.utils.checkpoint")
 COURSE_PACKAGES = ("kernels", "coursekit", "grader", "solutions", "tests")
 
@@ -504,7 +511,7 @@ class _Checker(ast.NodeVisitor):
                         self.check_attribute_name(node, rest, on_module=True)
                     return
                 continue
-            if not private_class:
+            if not private_class and full not in MEMBERS_ALLOWED:
                 self.check_attribute_name(node, part, on_module=True)
             s = self.rules.shortcut_for_path(full)
             found = self.rules.shortcut_for_object(child) if child is not None else None

@@ -131,6 +131,13 @@ ALLOWED = [
                           "        pass"),
     ("ch03_accumulation", "def gen(xs):\n    def helper(x):\n        with torch.no_grad():\n            return x * 2\n"
                           "    for x in xs:\n        yield helper(x)"),
+    # the standard modules plain Python code uses
+    ("ch03_accumulation", "import operator\ndef f(xs):\n    return functools.reduce(operator.add, xs)"),
+    ("ch07_local_loss", "import re, string, random, fractions, decimal\n"
+                        "def f(s):\n    return re.sub('[0-9]', '', s) in string.ascii_letters, random.Random(0).random(),"
+                        " fractions.Fraction(1, 3), decimal.Decimal(2)"),
+    ("ch02_checkpointing", "from operator import itemgetter\ndef f(pairs):\n    return sorted(pairs, key=itemgetter(1))"),
+    ("ch00_memory", "import re\nDIGITS = re.compile('[0-9]+')\ndef f(s):\n    return DIGITS.findall(s)"),
 ]
 
 
@@ -143,6 +150,12 @@ def test_ordinary_constructs_pass(chapter, source):
 
 ATTACKS = [
     # (chapter, source, text the first breach's construct must contain)
+    # attributes by a run-time name through allowed modules
+    ("ch00_memory", "import operator\ndef f(x, n):\n    return operator.attrgetter(n)(x)", "operator.attrgetter"),
+    ("ch00_memory", "from operator import methodcaller\ndef f(x, n):\n    return methodcaller(n)(x)",
+     "operator.methodcaller"),
+    ("ch00_memory", "import string\ndef f(x):\n    return string.Formatter().get_field('0.__class__', (x,), {})",
+     "string.Formatter"),
     # dispatch-mode hiding and operator interception
     ("ch10_flash_attention", "from torch.utils._python_dispatch import _disable_current_modes", "_python_dispatch"),
     ("ch10_flash_attention", "def f():\n    with torch.utils._python_dispatch._disable_current_modes():\n        pass",
@@ -174,7 +187,6 @@ ATTACKS = [
     ("ch00_memory", "def f(x, n, v):\n    setattr(x, n, v)", "setattr"),
     ("ch00_memory", "import functools\ndef f(x):\n    return functools.partial(getattr, x)('f_back')", "getattr"),
     ("ch00_memory", "import functools\ndef f(x):\n    return functools.reduce(getattr, ['a', 'b'], x)", "getattr"),
-    ("ch00_memory", "import operator", "operator"),
     ("ch00_memory", "g = getattr", "getattr"),
     ("ch00_memory", "def f():\n    return eval('1')", "eval"),
     ("ch00_memory", "def f():\n    exec('x = 1')", "exec"),

@@ -197,9 +197,12 @@ def test_the_latest_definition_is_checked(chapter_dir):
 
 
 def test_a_cell_that_raises_when_run_fresh_is_reported(chapter_dir):
+    problem = _check("area", "HALF = 1 / 0\n" + AREA)
+    assert problem.startswith("`area`'s cell raises ZeroDivisionError (division by zero) when it runs the way the "
+                              "grader runs it")
+    # A module the grader does not offer is refused before anything runs, with the grader's reason.
     problem = _check("area", "import not_a_module_of_this_course\n" + AREA)
-    assert problem.startswith("`area`'s cell raises ModuleNotFoundError (No module named "
-                              "'not_a_module_of_this_course') when it runs the way the grader runs it")
+    assert problem.startswith("the grader did not run your area cell") and "import not_a_module_of_this_course" in problem
     # A NameError at the top of a cell (a decorator) names the missing name.
     problem = _check("area", "import functools", "@functools.cache\n" + AREA)
     assert "`area` uses `functools`" in problem and "(`import functools`)" in problem
@@ -216,12 +219,31 @@ def test_earlier_exercises_count_only_when_this_one_needs_them(chapter_dir):
     assert _check("area", "def area(r):\n    return scaled(r) / 2\n") is None
 
 
-def test_del_and_magics_run_as_the_grader_runs_them(chapter_dir):
+def test_del_runs_as_the_grader_runs_it(chapter_dir):
     problem = _check("area", "import math as m\ndef area(r):\n    return m.pi * r * r\ndel m\n")
     assert "`area` uses `m`" in problem and "(`import math as m`)" in problem
-    # IPython keeps magics as get_ipython() calls: the grader's shell runs a %time line once.
-    magic = "def area(r):\n    return math.pi * r * r\nget_ipython().run_line_magic('time', 'x = area(1)')\n"
-    assert _check("area", magic) is None
+
+
+@pytest.mark.parametrize("cell, construct", [
+    ("import os\n" + AREA, "import os"),
+    ("%time x = 1\n" + AREA, "a line magic"),
+    ("def area(r):\n    return math.pi * r * r\nget_ipython().run_line_magic('time', 'x = area(1)')\n", "get_ipython"),
+    ("import operator\ndef area(r):\n    return operator.attrgetter('pi')(math) * r * r\n", "operator.attrgetter"),
+])
+def test_a_cell_the_grader_refuses_is_refused_by_the_visible_check_with_the_same_reason(chapter_dir, cell, construct):
+    """The visible check reads the cell as typed against the grader's source policy: a correct answer the grader
+    would not run fails its visible test with the very reason its feedback would give."""
+    from grader.source_policy import refusals
+
+    problem = _check("area", cell)
+    assert problem == refusals(CHAPTER, ("import math\n",), {"area": cell})["area"]
+    assert problem.startswith("the grader did not run your area cell, so its test cells score 0") and construct in problem
+
+
+@pytest.mark.parametrize("module", ["operator", "re", "string", "random", "fractions", "decimal"])
+def test_standard_modules_plain_code_uses_pass_the_visible_check(chapter_dir, module):
+    cell = f"import {module}\n" + AREA
+    assert _check("area", cell) is None
 
 
 def test_an_exercise_not_run_yet_is_left_to_the_test(chapter_dir):
@@ -308,14 +330,20 @@ def test_in_an_ipython_shell_the_kernel_history_is_read(tmp_path):
         first = run("from coursekit.graded import check_as_graded; check_as_graded('{CHAPTER}', 'area')")
         run("%time x = 1\\ndef area(r):\\n    import numpy as np\\n    return np.pi * r * r")
         second = run("check_as_graded('{CHAPTER}', 'area')")
+        run("def area(r):\\n    import numpy as np\\n    return np.pi * r * r")
+        third = run("check_as_graded('{CHAPTER}', 'area')")
         print("FIRST", type(first.error_in_exec).__name__, first.error_in_exec)
-        print("SECOND", second.error_in_exec)
+        print("SECOND", type(second.error_in_exec).__name__, second.error_in_exec)
+        print("THIRD", third.error_in_exec)
         """)
     proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "IPYTHONDIR": str(tmp_path / "ipython")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "FIRST NameError `area` uses `np`" in proc.stdout and "(`import numpy as np`)" in proc.stdout
-    assert "SECOND None" in proc.stdout
+    # The cell as typed holds a magic: the grader would refuse it, and the visible check says so in its words.
+    assert "SECOND RefusedByTheGrader the grader did not run your area cell" in proc.stdout
+    assert "a line magic (%...)" in proc.stdout
+    assert "THIRD None" in proc.stdout
 
 
 # --- released notebooks in a kernel --------------------------------------------------------------

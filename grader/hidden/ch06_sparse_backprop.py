@@ -522,7 +522,8 @@ def check_apply_meprop(nb):
                     f"{call}: the hidden Linear {name!r} is {'gone' if m is None else m['class']}, expected a "
                     "MePropLinear at the same place. Walk every module, nested ones included "
                     "(model.named_modules()), and replace each Linear but the last in its parent "
-                    "(setattr(parent, child_name, MePropLinear(layer, k, unified)))")
+                    "(model.set_submodule(name, MePropLinear(layer, k, unified)), with the dotted name "
+                    "named_modules() gave)")
             bias = f"{name}.bias" if f"{name}.bias" in params else None
             if (m["weight"], m["bias"]) != (f"{name}.weight", bias):
                 raise AssertionError(f"{call}: the MePropLinear at {name!r} holds weight {m['weight']} and bias "
