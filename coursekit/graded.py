@@ -38,6 +38,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from coursekit.source_policy import DEFAULT_POLICY, POLICY_KEY, SourcePolicy, policy_from_dict, refusals_under
+
 __all__ = ["check_as_graded", "RefusedByTheGrader", "defines", "global_reads", "module_bindings", "BUILTINS"]
 
 CHAPTER_RE = re.compile(r"^ch\d\d_[a-z0-9_]+$")
@@ -165,6 +167,7 @@ class Release:
     setup: tuple[str, ...]
     exercises: tuple[str, ...]
     sources: tuple[str, ...]  # each exercise cell's source in that file
+    policy: SourcePolicy = DEFAULT_POLICY  # the chapter's source policy, as the release wrote it
 
 
 def find_notebook(chapter: str) -> Path | None:
@@ -203,7 +206,8 @@ def _read_release(path: Path, mtime_ns: int, size: int) -> Release:
             continue
         elif "setup" in meta.get("tags", []):
             setup.append(source)
-    return Release(path, tuple(setup), tuple(exercises), tuple(sources))
+    policy = policy_from_dict(nb.get("metadata", {}).get(POLICY_KEY))
+    return Release(path, tuple(setup), tuple(exercises), tuple(sources), policy)
 
 
 # --- running the program the grader runs -------------------------------------------------------
@@ -493,14 +497,13 @@ def refusal(chapter: str, exercise: str, history: list[str], notebook: Path | No
     source = _typed_definition(history, exercise)
     if path is None or source is None:
         return None
-    refusals = _grader_refusals()
     try:
         release = read_release(path)
     except (OSError, ValueError):  # the checks after this one say so
         return None
-    if refusals is None or exercise not in release.exercises:
+    if exercise not in release.exercises:
         return None
-    return refusals(chapter, release.setup, {exercise: source}).get(exercise)
+    return refusals_under(release.policy, release.setup, {exercise: source}).get(exercise)
 
 
 def _typed_definition(history: list[str], name: str) -> str | None:
@@ -522,28 +525,6 @@ def _parses(source: str) -> bool:
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
     return True
-
-
-def _grader_refusals():
-    """The grader's ``source_policy.refusals``: importable where the course runs from its repository (a kernel
-    started in ``course/`` has the repository beside it); None where there is no grader (a copy of the
-    notebooks alone)."""
-    try:
-        from grader.source_policy import refusals
-        return refusals
-    except ImportError:
-        pass
-    root = str(Path(__file__).resolve().parent.parent)
-    if not Path(root, "grader", "source_policy.py").is_file():
-        return None
-    sys.path.insert(0, root)
-    try:
-        from grader.source_policy import refusals
-        return refusals
-    except ImportError:
-        return None
-    finally:
-        sys.path.remove(root)
 
 
 def check(chapter: str, exercise: str, history: list[str], user_ns: dict, notebook: Path | None = None,

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import nbformat
 
+from coursekit.source_policy import POLICY_KEY
 from grader.api import gates
+from grader.source_policy import policy_for, policy_to_dict
 from grader.notebooks import (COURSE, chapters, check_chapter_id, gate_line, grade_id,
                               graded_check_line, layout, read_source)
 
@@ -83,6 +85,8 @@ def release(chapter_ids: list[str] | None = None, dest: Path = COURSE) -> list[P
     with tempfile.TemporaryDirectory(prefix="release-") as tmp:
         root = Path(tmp)
         for ch, nb in generate(chapter_ids, root, f"sqlite:///{root / 'gradebook.db'}").items():
+            # The chapter's source policy, for the visible tests (coursekit.graded reads cells against it).
+            nb.metadata[POLICY_KEY] = policy_to_dict(policy_for(ch))
             path = dest / f"{ch}.ipynb"
             tmp_path = path.with_suffix(".ipynb.tmp")
             nbformat.write(nb, tmp_path)

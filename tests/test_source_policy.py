@@ -1,4 +1,4 @@
-"""The source policy on exercise cells (grader/source_policy.py): honest code passes, escapes do not.
+"""The source policy on exercise cells (coursekit/source_policy.py, grader/source_policy.py): honest code passes, escapes do not.
 
 Every reference exercise cell of every chapter (chapters added later included), every plausible
 wrong submission of ``tests/wrong_submissions_*.py`` and the correct variants written in

@@ -240,6 +240,21 @@ def test_a_cell_the_grader_refuses_is_refused_by_the_visible_check_with_the_same
     assert problem.startswith("the grader did not run your area cell, so its test cells score 0") and construct in problem
 
 
+def test_the_chapters_own_prohibitions_reach_the_visible_check(tmp_path, monkeypatch):
+    """The release writes each chapter's policy into its notebook: ch02's text forbids torch.utils.checkpoint,
+    and the visible check of the released chapter refuses it with the grader's reason."""
+    from grader.notebooks import layout, read_source
+    from grader.source_policy import refusals
+
+    monkeypatch.chdir(tmp_path)
+    cell = ("def checkpoint(fn, *args):\n    import torch.utils.checkpoint\n"
+            "    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)\n")
+    problem = check("ch02_checkpointing", "checkpoint", ["", cell], {})
+    setup = layout(read_source("ch02_checkpointing"), "ch02_checkpointing").setup
+    assert problem == refusals("ch02_checkpointing", setup, {"checkpoint": cell})["checkpoint"]
+    assert "the chapter's text forbids it" in problem
+
+
 @pytest.mark.parametrize("module", ["operator", "re", "string", "random", "fractions", "decimal"])
 def test_standard_modules_plain_code_uses_pass_the_visible_check(chapter_dir, module):
     cell = f"import {module}\n" + AREA

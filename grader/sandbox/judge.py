@@ -93,7 +93,7 @@ Threat → defence:
    dispatch-mode probes with ``_disable_current_modes``, frames walked to the worker's own
    machinery, numpy's raw-memory interfaces, ``_posixsubprocess``, forwarding to the reference
    ``torch.amp.GradScaler``): before anything runs, the judge reads each exercise cell's syntax
-   tree against its chapter's source policy (``grader/source_policy.py``, called by
+   tree against its chapter's source policy (``coursekit/source_policy.py`` via ``grader/source_policy.py``, called by
    ``autograde.grade_one``). The principle: what a cell can reach must be decidable from its text.
    So every module attribute it uses is a dotted name spelled out in the source (modules cannot be
    passed, stored or aliased; ``getattr``-style calls take only literal names; no ``eval``,
