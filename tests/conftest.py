@@ -19,6 +19,12 @@ UNISOLATED = [] if os.geteuid() == 0 or os.environ.get("REQUIRE_ISOLATION") else
 AUTOGRADE = [sys.executable, "-m", "grader", "autograde", *UNISOLATED]
 # nbgrader runs `alembic` from PATH, and notebook tests start kernels: both live next to python.
 nbgrader_env()
+# Checks run in-process (LocalNamespace) read this process's resident memory, as the judge reads a worker's: pin
+# glibc's mmap threshold before any test allocates, as the fork server does, so that large blocks freed by earlier
+# tests never sit on the heap, to be trimmed away inside a later test's measured window.
+from grader.sandbox import meter  # noqa: E402
+
+meter.pin_mmap_threshold()
 
 
 @pytest.fixture(scope="session")
