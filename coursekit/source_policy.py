@@ -420,6 +420,12 @@ class _Checker(ast.NodeVisitor):
         self.breaches.append(Breach(construct, getattr(node, "lineno", 0), why, instead))
 
     def run(self, tree: ast.AST) -> list[Breach]:
+        # the cell's own top-level generator functions (a name bound once, by its def)
+        defs = [n for n in getattr(tree, "body", []) if isinstance(n, ast.FunctionDef)]
+        bound = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)]
+        self.own_generators = {d.name for d in defs if d.name not in bound
+                               and [x.name for x in defs].count(d.name) == 1
+                               and any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in _own_nodes(d))}
         for node in ast.walk(tree):  # bindings first: a module imported anywhere is a module everywhere
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
@@ -444,12 +450,19 @@ class _Checker(ast.NodeVisitor):
                 for alias in node.names:
                     full = f"{node.module}.{alias.name}"
                     if alias.name != "*" and self._names_module(full):
-                        self.modules[alias.asname or alias.name] = full
+                        self.modules[alias.asname or alias.name] = self._bound_module(node.module, alias.name)
         self.visit(tree)
         return self.breaches
 
     def _names_module(self, path: str) -> bool:
         return _names_module(path, self.rules.module_verdict(path.rpartition(".")[0]) is None)
+
+    def _bound_module(self, module: str, name: str) -> str:
+        """The module ``from module import name`` really binds: ``fractions.sys`` is ``sys``, which an allowed
+        module re-exports (its path is under the allowed one, the module is not)."""
+        obj = _resolve_static(module, self.rules)
+        child = vars(obj).get(name) if isinstance(obj, types.ModuleType) else None
+        return child.__name__ if isinstance(child, types.ModuleType) else f"{module}.{name}"
 
     # names and attributes
     def check_attribute_name(self, node, name: str, on_module: bool) -> None:
@@ -599,8 +612,24 @@ class _Checker(ast.NodeVisitor):
                     and not parent.keywords):
                 self.refuse(node, "type(...)", "only type(obj) is allowed: creating classes from run-time "
                             "dictionaries bypasses these rules", "write a class statement")
+            elif not self._type_only_inspected(parent):
+                self.refuse(parent, "type(obj) used as a value", "a class reached from an object can be its "
+                            "metaclass (type(type(x)) is type), which builds classes from run-time dictionaries",
+                            "compare it (type(x) is T, type(x) == T), test it (isinstance(y, type(x))) or read "
+                            "type(x).__name__ / __qualname__")
         elif name in self.modules and isinstance(node.ctx, ast.Load) and not self._is_chain_base(node):
             self.check_chain(node, self.modules[name], [], value_use=True, alias=name)
+
+    def _type_only_inspected(self, call: ast.Call) -> bool:
+        """``type(x)`` is compared (``is``, ``==``, ``in`` ...), named (``.__name__``, ``.__qualname__``) or the
+        class argument of ``isinstance``/``issubclass``: never called, stored or passed on."""
+        parent = self.parents.get(call)
+        if isinstance(parent, ast.Compare):
+            return True
+        if isinstance(parent, ast.Attribute) and parent.value is call and parent.attr in ("__name__", "__qualname__"):
+            return True
+        return (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name)
+                and parent.func.id in ("isinstance", "issubclass") and call in parent.args[1:])
 
     def visit_Call(self, node: ast.Call) -> None:
         f = node.func
@@ -645,9 +674,11 @@ class _Checker(ast.NodeVisitor):
                 continue
             full = f"{node.module}.{alias.name}"
             if self._names_module(full):
-                verdict = self.rules.module_verdict(full)
+                real = self._bound_module(node.module, alias.name)
+                verdict = self.rules.module_verdict(full) or (self.rules.module_verdict(real) if real != full else None)
                 if verdict is not None:
-                    self.refuse(node, f"{full} (from {node.module} import {alias.name})", *verdict)
+                    shown = full if real == full else f"{full} (the module {real})"
+                    self.refuse(node, f"{shown} (from {node.module} import {alias.name})", *verdict)
                 continue
             root, *rest = full.split(".")
             self.check_chain(node, root, rest)
@@ -675,6 +706,17 @@ class _Checker(ast.NodeVisitor):
             if isinstance(inner, (ast.Try, ast.TryStar, ast.With, ast.AsyncWith)):
                 self.refuse(inner, "try or with in a generator", FINALIZER_WHY,
                             "compute the values first and yield them outside try and with, or return a list")
+            elif isinstance(inner, ast.YieldFrom) and not self._own_generator_call(inner.value):
+                # finalizing the generator calls close() on what it delegates to: only the cell's own generators
+                # (held to these same rules) may be delegated to
+                self.refuse(inner, "yield from (not a generator of this cell)", FINALIZER_WHY,
+                            "loop over the values and yield each one, or delegate to a generator function the "
+                            "cell defines")
+
+    def _own_generator_call(self, node) -> bool:
+        """``node`` calls, by its name, a generator function this cell defines at top level."""
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in self.own_generators)
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self._check_definition(node, node.name)
@@ -684,9 +726,16 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Constant(self, node: ast.Constant) -> None:
-        # "__builtins__" as a key of some namespace dict is as good as the name itself
-        if isinstance(node.value, str) and re.fullmatch(r"__\w+__", node.value) and node.value not in DUNDERS:
-            self.refuse(node, repr(node.value), "it names the interpreter's internals of an object")
+        # "__builtins__" as a key of some namespace dict is as good as the name itself, and so is a format field
+        # that reads it ("{0.__globals__[sys]}".format(f)): a dunder anywhere in a string is refused
+        if not isinstance(node.value, str):
+            return
+        for dunder in re.findall(r"__\w+?__", node.value):
+            if dunder not in DUNDERS:
+                self.refuse(node, repr(node.value[:60]), f"it names the interpreter's internals ({dunder})")
+                return
+        for name in re.findall(r"\{[^{}]*?\.([A-Za-z_]\w*)", node.value):  # "{0.f_back}": attributes read by format
+            self.check_attribute_name(node, name, on_module=False)
 
     def visit_MatchClass(self, node: ast.MatchClass) -> None:
         for name in node.kwd_attrs:  # class patterns read attributes by name

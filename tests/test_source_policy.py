@@ -138,6 +138,10 @@ ALLOWED = [
                         " fractions.Fraction(1, 3), decimal.Decimal(2)"),
     ("ch02_checkpointing", "from operator import itemgetter\ndef f(pairs):\n    return sorted(pairs, key=itemgetter(1))"),
     ("ch00_memory", "import re\nDIGITS = re.compile('[0-9]+')\ndef f(s):\n    return DIGITS.findall(s)"),
+    ("ch00_memory", "def f(x, y):\n    return type(x) is type(y), type(x) == torch.Tensor, type(x).__name__, "
+                    "isinstance(y, type(x)), type(x).__qualname__ != 'A'"),
+    ("ch00_memory", "def f(x):\n    return '{0.shape} {0.dtype!r} {1:>8}'.format(x, 'x') + f'{x.numel()}'"),
+    ("ch00_memory", "def flatten(m):\n    for c in m.children():\n        yield c\n        yield from flatten(c)"),
 ]
 
 
@@ -150,6 +154,19 @@ def test_ordinary_constructs_pass(chapter, source):
 
 ATTACKS = [
     # (chapter, source, text the first breach's construct must contain)
+    # modules an allowed module re-exports, imported by their path under it (red team 4)
+    ("ch00_memory", "from fractions import sys\ndef f():\n    return sys.modules", "the module sys"),
+    ("ch00_memory", "from re import enum\nE = enum.Enum('E', [('A', 1)])", "the module enum"),
+    ("ch00_memory", "from torch import os", "the module os"),
+    ("ch00_memory", "from dataclasses import builtins", "the module builtins"),
+    ("ch00_memory", "from typing import types", "the module types"),
+    # the metaclass reached from an object, code at collection, internals read by format strings
+    ("ch00_memory", "def f():\n    T = type(type(0))\n    return T('A', (), {})", "type(obj) used as a value"),
+    ("ch00_memory", "def f(x):\n    return type(x)(0)", "type(obj) used as a value"),
+    ("ch00_memory", "def g(it):\n    yield from it", "yield from"),
+    ("ch00_memory", "class S:\n    def close(self):\n        pass\ndef g():\n    yield from S()", "yield from"),
+    ("ch00_memory", "def f(fn):\n    return '{0.__globals__[sys]}'.format(fn)", "__globals__"),
+    ("ch00_memory", "def f(frame):\n    return '{0.f_back}'.format(frame)", "f_back"),
     # attributes by a run-time name through allowed modules
     ("ch00_memory", "import operator\ndef f(x, n):\n    return operator.attrgetter(n)(x)", "operator.attrgetter"),
     ("ch00_memory", "from operator import methodcaller\ndef f(x, n):\n    return methodcaller(n)(x)",
