@@ -407,6 +407,28 @@ def _resolve_static(path: str, rules: _Rules):
 
 # --- the checker --------------------------------------------------------------------------------
 
+def _bound_names(tree: ast.AST) -> set[str]:
+    """Every name the cell binds other than by ``def``: assignments and loop targets, parameters, imports,
+    classes, ``except ... as``, match captures, global and nonlocal declarations."""
+    names = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            names.add(n.id)
+        elif isinstance(n, ast.arg):
+            names.add(n.arg)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in n.names)
+        elif isinstance(n, ast.ClassDef):
+            names.add(n.name)
+        elif isinstance(n, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)) and n.name:
+            names.add(n.name)
+        elif isinstance(n, ast.MatchMapping) and n.rest:
+            names.add(n.rest)
+        elif isinstance(n, (ast.Global, ast.Nonlocal)):
+            names.update(n.names)
+    return names
+
+
 class _Checker(ast.NodeVisitor):
     def __init__(self, rules: _Rules, module_names: dict[str, str]):
         self.rules = rules
@@ -420,9 +442,9 @@ class _Checker(ast.NodeVisitor):
         self.breaches.append(Breach(construct, getattr(node, "lineno", 0), why, instead))
 
     def run(self, tree: ast.AST) -> list[Breach]:
-        # the cell's own top-level generator functions (a name bound once, by its def)
-        defs = [n for n in getattr(tree, "body", []) if isinstance(n, ast.FunctionDef)]
-        bound = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)]
+        # the cell's own generator functions, nested ones included: a name bound once in the whole cell, by its def
+        defs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        bound = _bound_names(tree)
         self.own_generators = {d.name for d in defs if d.name not in bound
                                and [x.name for x in defs].count(d.name) == 1
                                and any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in _own_nodes(d))}

@@ -64,6 +64,21 @@ def test_plausible_wrong_submissions_pass_the_policy(chapter, exercise, source):
     assert breaches(source, chapter) == []
 
 
+def _second_answers() -> list[tuple[str, str, str]]:
+    import importlib
+
+    return [(c, ex, src) for ch in chapters()
+            for (c, ex), src in sorted(importlib.import_module(f"second_submissions_{ch}").SECOND.items())]
+
+
+@pytest.mark.parametrize("chapter,exercise,source", _second_answers(), ids=lambda v: str(v)[:40])
+def test_second_correct_answers_pass_the_policy(chapter, exercise, source):
+    """Written from the released notebook alone (tests/second_submissions_*.py): a correct answer in another style
+    than the reference is never refused (a ch00 answer delegating to its own recursive generator with
+    ``yield from`` once was)."""
+    assert breaches(source, chapter) == []
+
+
 def _correct_variants() -> list[tuple[str, str, str]]:
     """Top-level functions and classes of tests/test_hidden_*.py: the correct (and wrong) variants."""
     found = []
@@ -142,6 +157,8 @@ ALLOWED = [
                     "isinstance(y, type(x)), type(x).__qualname__ != 'A'"),
     ("ch00_memory", "def f(x):\n    return '{0.shape} {0.dtype!r} {1:>8}'.format(x, 'x') + f'{x.numel()}'"),
     ("ch00_memory", "def flatten(m):\n    for c in m.children():\n        yield c\n        yield from flatten(c)"),
+    ("ch00_memory", "def f(model):\n    def flatten(m):\n        for c in m.children():\n            yield from "
+                    "flatten(c)\n            yield c\n    return list(flatten(model))"),
 ]
 
 
@@ -165,6 +182,8 @@ ATTACKS = [
     ("ch00_memory", "def f(x):\n    return type(x)(0)", "type(obj) used as a value"),
     ("ch00_memory", "def g(it):\n    yield from it", "yield from"),
     ("ch00_memory", "class S:\n    def close(self):\n        pass\ndef g():\n    yield from S()", "yield from"),
+    ("ch00_memory", "class S:\n    def close(self):\n        pass\ndef f(flatten):\n    def g():\n        yield 1\n"
+                    "        yield from flatten(S)\n    return g", "yield from"),
     ("ch00_memory", "def f(fn):\n    return '{0.__globals__[sys]}'.format(fn)", "__globals__"),
     ("ch00_memory", "def f(frame):\n    return '{0.f_back}'.format(frame)", "f_back"),
     # attributes by a run-time name through allowed modules
