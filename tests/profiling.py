@@ -155,13 +155,15 @@ class Profile:
     def pytest_sessionfinish(self, session):
         if not self.tests:  # nothing ran (--collect-only, an error at collection): keep the last profile
             return
+        costs: list[dict] = []
         try:
-            text = self.table(time.monotonic() - self.started)
+            costs = self.costs()
+            text = self.table(time.monotonic() - self.started, costs)
         except Exception as e:  # noqa: BLE001 - a profile that cannot be written never fails the run
             text = f"# Test profile\n\nnot written: {type(e).__name__}: {e}\n"
         REPORT.parent.mkdir(parents=True, exist_ok=True)
         REPORT.write_text(text)
-        REPORT.with_suffix(".json").write_text(json.dumps({"tests": self.tests, "costs": self.costs()}, indent=0))
+        REPORT.with_suffix(".json").write_text(json.dumps({"tests": self.tests, "costs": costs}, indent=0))
         self.head = text
 
     def pytest_terminal_summary(self, terminalreporter):
@@ -182,9 +184,8 @@ class Profile:
                     continue
         return found
 
-    def table(self, wall: float) -> str:
+    def table(self, wall: float, costs: list[dict]) -> str:
         workers = max(1, int(getattr(self.config.option, "numprocesses", 0) or 0))
-        costs = self.costs()
         busy = sum(self.tests.values())
         per_file: dict[str, list] = defaultdict(lambda: [0, 0.0])
         per_chapter: dict[str, dict] = defaultdict(lambda: {"tests": 0, "own": 0.0, "batches_inside": 0.0,
