@@ -235,9 +235,12 @@ def _menubar(page) -> list[str]:
     return [t.strip() for t in page.locator(".lm-MenuBar-itemLabel").all_inner_texts()]
 
 
-def _accept_dialogs(page) -> list[str]:
-    """Texts of the JupyterLab dialogs open now (a kernel that was not ready asks which kernel to
-    use), each accepted with its default button so that the menus can be clicked again."""
+def _accept_dialogs(page, notebook: str | None = None) -> list[str]:
+    """Texts of the JupyterLab dialogs open now, each accepted with its default button so that
+    the menus can be clicked again. A "Select Kernel" dialog (JupyterLab asks when it opened the
+    notebook before the server listed its session or kernel specs) is answered with the kernel
+    already running for `notebook` when it is offered, so that no second kernel is started and
+    the first shut down mid-start; otherwise with the course's Python 3."""
     texts = []
     for _ in range(5):
         dialog = page.locator(".jp-Dialog")
@@ -245,17 +248,45 @@ def _accept_dialogs(page) -> list[str]:
             break
         texts.append(" ".join(dialog.first.inner_text().split())[:300])
         choice = dialog.first.locator("select")
-        if choice.count():  # "Select Kernel": the course's kernel, whatever is preselected
-            options = choice.first.locator("option", has_text="Python 3")
-            if options.count():
-                choice.first.select_option(value=options.first.get_attribute("value"))
+        if choice.count():
+            options = choice.first.locator("option")
+            labels = [t.strip() for t in options.all_inner_texts()]
+            running = [i for i, t in enumerate(labels) if notebook and t.startswith(f"{notebook} (")]
+            python = [i for i, t in enumerate(labels) if t.startswith("Python 3")]
+            if running or python:
+                pick = options.nth((running or python)[0])
+                choice.first.select_option(value=pick.get_attribute("value"))
         accept = dialog.first.locator(".jp-Dialog-button.jp-mod-accept")
         if accept.count():
             accept.first.click()
         else:
             page.keyboard.press("Escape")
+        try:
+            dialog.first.wait_for(state="detached", timeout=10_000)
+        except Exception:  # noqa: BLE001 - a dialog that stays is reported by the next round
+            pass
         page.wait_for_timeout(500)
     return texts
+
+
+def _await_kernel(page, notebook: str, timeout_s: float = START_S) -> list[str]:
+    """Wait until the notebook's toolbar names a Python kernel and the kernel is idle for two
+    polls in a row, answering any kernel dialog on the way; the dialogs seen are returned."""
+    dialogs, ready_polls, state = [], 0, {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        dialogs += _accept_dialogs(page, notebook)
+        state = page.evaluate(
+            """() => ({kernel: (document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-Toolbar-kernelName')
+                                || {textContent: ''}).textContent.trim(),
+                       idle: document.querySelector('.jp-Notebook-ExecutionIndicator[data-status="idle"]') !== null})""")
+        ready_polls = ready_polls + 1 if state["kernel"].startswith("Python") and state["idle"] else 0
+        if ready_polls >= 2:
+            return dialogs
+        page.wait_for_timeout(1000)
+    _shot(page, "student-lab-no-kernel")
+    raise AssertionError(f"{notebook} was not connected to an idle Python kernel in {timeout_s} s: {state}; "
+                         f"dialogs seen: {dialogs}")
 
 
 # A run whose prompts have not changed for this long while the kernel says idle has stalled (a
@@ -297,7 +328,7 @@ def _click_menu(page, menu: str, item: str) -> None:
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(f"^{re.escape(item)}…?$")).click(timeout=15_000)
 
 
-def _run_all(page, log, attempts: int = 3) -> None:
+def _run_all(page, log, notebook: str, attempts: int = 3) -> None:
     """Run All Cells and wait until every code cell shows an execution count. A busy machine's
     kernel may not be ready for the first click, or a run may stall: then accept any dialog and
     restart the kernel and run everything again. A cell that shows an error fails at once."""
@@ -305,14 +336,16 @@ def _run_all(page, log, attempts: int = 3) -> None:
 
     dialogs, history = [], []
     for attempt in range(attempts):
-        dialogs += _accept_dialogs(page)
+        # First wait for the kernel: Run All clicked while JupyterLab still asks which kernel to use
+        # queues every cell for a kernel that never comes (prompts stay "[ ]" with the kernel "idle").
+        dialogs += _await_kernel(page, notebook) if attempt == 0 else _accept_dialogs(page, notebook)
         try:  # a dialog that opens in the meantime blocks the menu: accept it and try again
             if attempt == 0:
                 _click_menu(page, "Run", "Run All Cells")
             else:
                 _click_menu(page, "Kernel", "Restart Kernel and Run All Cells")
                 page.wait_for_timeout(500)
-                dialogs += _accept_dialogs(page)
+                dialogs += _accept_dialogs(page, notebook)
         except PlaywrightTimeout:
             history.append(f"try {attempt + 1}: a menu could not be clicked")
             continue
@@ -326,7 +359,7 @@ def _run_all(page, log, attempts: int = 3) -> None:
             raise AssertionError(f"a cell failed: {_error_texts(page)[:2]}; prompts: {state['prompts']}")
         history.append(f"try {attempt + 1}: stalled with the kernel {'idle' if state['idle'] else 'busy'} "
                        f"and prompts {state['prompts']}")
-    dialogs += _accept_dialogs(page)
+    dialogs += _accept_dialogs(page, notebook)
     raise AssertionError(f"Run All Cells did not finish in {attempts} tries: {history}; dialogs seen: "
                          f"{dialogs}\nserver log:\n{_server_tail(log)}")
 
@@ -339,8 +372,7 @@ def test_student_runs_a_chapter_without_instructor_tools(browser, student_lab):
     menus = _menubar(page)
     assert "Run" in menus and "Nbgrader" not in menus, menus
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=START_S * 1000)
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=START_S * 1000)
-    _run_all(page, log)
+    _run_all(page, log, f"{STUDENT_CHAPTER}.ipynb")
     prompts = page.locator(".jp-CodeCell .jp-InputPrompt").all_inner_texts()
     assert prompts and all(re.search(r"\[\d+\]", p) for p in prompts), f"not every cell ran: {prompts}"
     assert not _error_texts(page), _error_texts(page)[:3]
