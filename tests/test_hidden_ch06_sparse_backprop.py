@@ -12,6 +12,7 @@ from torch import nn
 
 from grader.api import LocalNamespace, checks_for
 from grader.sandbox import judge
+from contract_tables import Clause, contract_tests
 from sandbox_checks import LIMITS, program, sandbox_tests
 from wrong_submissions_ch06_sparse_backprop import COMPUTE_WRONG, WRONG
 
@@ -182,7 +183,9 @@ class MePropLinear(nn.Module):
 
 
 def make_apply(include_output=False, top_level=False, copies=False, returns=True, drop_unified=False,
-               skip_no_bias=False, exact_type=False):
+               skip_no_bias=False, exact_type=False, patch_output=False):
+    """``patch_output``: the output layer stays the same nn.Linear object in its place, but its forward is
+    rerouted through meprop_linear (sparse backward where the authors keep it dense)."""
     def apply_meprop(model, k, unified=False):
         if top_level:
             found = [(model, n, m) for n, m in model.named_children() if isinstance(m, nn.Linear)]
@@ -202,6 +205,9 @@ def make_apply(include_output=False, top_level=False, copies=False, returns=True
                 clone.load_state_dict(layer.state_dict())
                 layer = clone
             parent.register_module(name, MePropLinear(layer, k, False if drop_unified else unified))
+        if patch_output and found:
+            output = found[-1][2]
+            output.forward = MePropLinear(output, k, unified).forward
         return model if returns else None
 
     return apply_meprop
@@ -371,3 +377,61 @@ def test_sandbox_masked_dense_products_lose_only_the_compute_cell():
     assert not outcomes[compute].passed and "CPU time" in outcomes[compute].reason, outcomes[compute].reason
     assert all(outcomes[gid].passed for gid in LINEAR_IDS if gid != compute), \
         {gid: outcomes[gid].reason for gid in LINEAR_IDS}
+
+
+# --- the contract, clause by clause (tests/contract_tables.py) -------------------------------------------
+def _linear(**kw):
+    return {"meprop_linear": make_meprop(**kw)}
+
+
+def _apply(**kw):
+    return {"apply_meprop": make_apply(**kw)}
+
+
+CONTRACT = [
+    Clause("meprop_linear", "the k entries of largest |g_ij| (magnitude, not signed value)",
+           ("test_meprop_linear_values",), _linear(signed=True), "largest magnitude"),
+    Clause("meprop_linear", "per example, keep in each row g_i", ("test_meprop_linear_values",),
+           _linear(over_batch=True), "per row"),
+    Clause("meprop_linear", "dx = g̃ W, dW = g̃ᵀ x (both from the sparsified g̃)", ("test_meprop_linear_values",),
+           _linear(sparse_dx=False), "both products", label="dx-from-g-tilde"),
+    Clause("meprop_linear", "dx = g̃ W, dW = g̃ᵀ x (both from the sparsified g̃)", ("test_meprop_linear_values",),
+           _linear(sparse_dw=False), "both products", label="dw-from-g-tilde"),
+    Clause("meprop_linear", "db = Σ_i g_i from the full g (never sparsified)", ("test_meprop_linear_values",),
+           _linear(sparse_db=True), "full g"),
+    Clause("meprop_linear", "the k largest entries of Σ_i |g_i| (the column sums of |g|)",
+           ("test_meprop_linear_unified",), _linear(index="signed_sum"), "column sums of |g|", label="signed-sums"),
+    Clause("meprop_linear", "the k largest entries of Σ_i |g_i| (the column sums of |g|)",
+           ("test_meprop_linear_unified",), _linear(index="max"), "column sums of |g|", label="column-max"),
+    Clause("meprop_linear", "computed as products of the compacted (B, k) matrix g[:, I]",
+           ("test_meprop_linear_compute",), _linear(scatter=True), "NaN"),
+    Clause("meprop_linear", "every other row of dW exactly 0", ("test_meprop_linear_compute",),
+           _linear(dense_dw=True), "not exactly 0"),
+    Clause("meprop_linear", "may use at most a third of the CPU time that the dense backward",
+           ("test_meprop_linear_compute",), shown_by="test_sandbox_masked_dense_products_lose_only_the_compute_cell"),
+    Clause("meprop_linear", "it is None (checked by freeing W's storage between forward and backward)",
+           ("test_meprop_linear_edge_cases",), _linear(always_dx=True), "needs_input_grad"),
+    Clause("meprop_linear", "``k <= 0`` or ``k >= n_out``: the dense backward", ("test_meprop_linear_edge_cases",),
+           _linear(dense_edges=False), "out of range|k ≤ 0"),
+    Clause("meprop_linear", "ValueError: if x is not 2-D", ("test_meprop_linear_edge_cases",),
+           _linear(check_dim=False), "ValueError"),
+    Clause("apply_meprop", "the last one is the output layer and is left exactly as it is",
+           ("test_apply_meprop",), _apply(include_output=True), "output layer"),
+    Clause("apply_meprop", "the output layer's own forward and backward must be those of a dense Linear",
+           ("test_apply_meprop_output_layer",), _apply(patch_output=True), "dense"),
+    Clause("apply_meprop", "every ``nn.Linear`` (subclasses included)", ("test_apply_meprop",),
+           _apply(exact_type=True), "expected a MePropLinear"),
+    Clause("apply_meprop", "any module tree built from containers", ("test_apply_meprop",),
+           _apply(top_level=True), "Walk every module"),
+    Clause("apply_meprop", "with or without bias", ("test_apply_meprop",), _apply(skip_no_bias=True),
+           "expected a MePropLinear"),
+    Clause("apply_meprop", "the Parameter objects themselves stay the same", ("test_apply_meprop",),
+           _apply(copies=True), "original Parameters"),
+    Clause("apply_meprop", "k, unified: passed unchanged to every MePropLinear", ("test_apply_meprop",),
+           _apply(drop_unified=True), "unified=True"),
+    Clause("apply_meprop", "``model`` itself, modified in place", ("test_apply_meprop",), _apply(returns=False),
+           "returns it"),
+]
+
+test_contract_quotes_the_notebook, test_contract_wrong_answer_loses_only_its_cells, \
+    test_contract_covers_every_graded_cell = contract_tests(CHAPTER, CONTRACT, namespace, CHECKS, globals())

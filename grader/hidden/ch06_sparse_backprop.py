@@ -362,7 +362,7 @@ class _FlopsNote:
         return f"(your backward ran {self.counted:,} FLOPs; the two compacted products cost {self.compact:,})"
 
 
-@hidden_test("test_meprop_linear_compute")
+@hidden_test("test_meprop_linear_compute", requires=("test_meprop_linear_unified",))
 def check_compute(nb):
     meter = Meter(nb)  # first: CPU times below are read from outside the student's process
     B, n_in, n_out = 37, 29, 53
@@ -415,7 +415,7 @@ def check_compute(nb):
 
 
 # --- meprop_linear: edge cases -----------------------------------------------------------------------
-@hidden_test("test_meprop_linear_edge_cases")
+@hidden_test("test_meprop_linear_edge_cases", requires=("test_meprop_linear_unified",))
 def check_edge_cases(nb):
     B, n_in, n_out = 37, 29, 53
     for i, (k, unified) in enumerate([(0, False), (-3, True), (n_out, False), (n_out + 7, True), (0, True),
