@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from contract_tables import Clause, contract_tests
 from grader.api import LocalNamespace, checks_for
 
 COPIES = {"sgd": 0, "momentum": 1, "adam": 2}
@@ -189,6 +190,18 @@ def only_checks_the_optimizer(model, batch_size, optimizer):
     raise NotImplementedError
 
 
+def refuses_momentum(model, batch_size, optimizer):
+    """Refuses a valid name: "momentum" raises the unknown-optimizer ValueError."""
+    if optimizer not in ("sgd", "adam"):
+        raise ValueError(f"unknown optimizer {optimizer!r}: expected one of 'sgd', 'momentum', 'adam'")
+    return correct(model, batch_size, optimizer)
+
+
+def activations_as_float(model, batch_size, optimizer):
+    """Right number of bytes, as a float (the docstring asks for ints)."""
+    return {**_state(model, optimizer), "activations": 4.0 * batch_size * _saved_values(model)}
+
+
 ACTIVATIONS, STATE, ERRORS = ("test_predict_training_memory", "test_predict_training_memory_model_state",
                               "test_predict_training_memory_errors")
 IDS = (ACTIVATIONS, STATE, ERRORS)
@@ -221,6 +234,8 @@ WRONG_VARIANTS = {
     "only_checks_the_optimizer": (only_checks_the_optimizer, {ACTIVATIONS: None, STATE: None}),
     "returns_a_tuple": (returns_a_tuple, {ACTIVATIONS: "got a tuple", STATE: "got a tuple"}),
     "misses_a_key": (misses_a_key, {STATE: "optimizer_state"}),
+    "refuses_momentum": (refuses_momentum, {ERRORS: "are the valid optimizers"}),
+    "activations_as_float": (activations_as_float, {ACTIVATIONS: "an int"}),
     "returns_a_module": (returns_a_module, {ACTIVATIONS: "not plain data", STATE: "not plain data",
                                          ERRORS: "returned a result"}),
 }
@@ -257,3 +272,55 @@ def test_missing_function_is_reported():
     for grade_id in IDS:
         with pytest.raises(NameError, match="predict_training_memory"):
             checks_for("ch00_memory")[grade_id](LocalNamespace({}))
+
+
+# --- the contract, clause by clause (tests/contract_tables.py) -------------------------------------------
+CHAPTER = "ch00_memory"
+EXERCISE = "predict_training_memory"
+
+
+def namespace(**overrides) -> LocalNamespace:
+    return LocalNamespace({EXERCISE: correct, **overrides})
+
+
+def _wrong(fn):
+    return {EXERCISE: fn}
+
+
+CONTRACT = [
+    Clause(EXERCISE, "The first Linear saves its input x", (ACTIVATIONS,), _wrong(forgets_first_input),
+           "saves its input x"),
+    Clause(EXERCISE, "The first Linear's output is saved by nobody", (ACTIVATIONS,),
+           _wrong(counts_linear_outputs_too), "ReLU"),
+    Clause(EXERCISE, "The MSE loss saves the prediction and the target", (ACTIVATIONS,), _wrong(forgets_the_loss),
+           "target"),
+    Clause(EXERCISE, "each storage counted once", (ACTIVATIONS,), _wrong(counts_shared_storage_twice),
+           "counted once"),
+    Clause(EXERCISE, "a ReLU *before* the first Linear", (ACTIVATIONS,), _wrong(leading_relu_saves_x),
+           "before the first Linear"),
+    Clause(EXERCISE, "two ReLUs in a row", (ACTIVATIONS,), _wrong(relu_runs_counted_once), "two ReLUs in a row"),
+    Clause(EXERCISE, "Return the four parts in bytes", (ACTIVATIONS,), _wrong(counts_elements_not_bytes),
+           "Bytes, not elements"),
+    Clause(EXERCISE, "dict of ints (bytes)", (ACTIVATIONS,), _wrong(activations_as_float), "an int"),
+    Clause(EXERCISE, "x: (batch_size, in_features of the first Linear)", (ACTIVATIONS,),
+           _wrong(activations_for_one_example), "multiply by batch_size"),
+    Clause(EXERCISE, "predict from the layers' shapes without running anything", (ACTIVATIONS,),
+           _wrong(runs_the_step_instead), RAN),
+    Clause(EXERCISE, '"optimizer_state": 0 / 1 / 2 copies of the trainable parameters', (STATE,),
+           _wrong(adam_one_copy), "Adam keeps two moments", label="adam-two-moments"),
+    Clause(EXERCISE, '"optimizer_state": 0 / 1 / 2 copies of the trainable parameters', (STATE,),
+           _wrong(momentum_without_state), "velocity", label="momentum-one-velocity"),
+    Clause(EXERCISE, '"params": all parameters', (STATE,), _wrong(params_without_biases), "biases"),
+    Clause(EXERCISE, '"optimizer_state": 0 / 1 / 2 copies of the trainable parameters', (STATE,),
+           _wrong(misses_a_key), "optimizer_state", label="optimizer-state-key"),
+    Clause(EXERCISE, "ValueError: for any other optimizer", (ERRORS,), _wrong(raises_key_error), "KeyError"),
+    Clause(EXERCISE, "ValueError: for any other optimizer", (ERRORS,), _wrong(no_value_error),
+           "returned a result", label="unknown-optimizer-accepted"),
+    Clause(EXERCISE, "naming the bad value and the allowed ones", (ERRORS,), _wrong(error_without_names),
+           "does not name"),
+    Clause(EXERCISE, "the three names accepted", (ERRORS,), _wrong(refuses_momentum), "are the valid optimizers"),
+]
+
+test_contract_quotes_the_notebook, test_contract_wrong_answer_loses_only_its_cells, \
+    test_contract_covers_every_graded_cell = contract_tests(CHAPTER, CONTRACT, namespace, checks_for(CHAPTER),
+                                                            globals())

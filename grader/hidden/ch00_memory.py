@@ -6,7 +6,8 @@
 - model state: "params", "grads" and "optimizer_state" against ``coursekit.memory.model_state_bytes``,
   every optimizer on every hand-made stack.
 - errors: the three optimizer names are not refused; "rmsprop" raises a ValueError whose message names
-  it and the allowed ones.
+  it and the allowed ones. The other cells grade what the function returns for the names it accepts: a
+  valid name refused with ValueError is this cell's failure, not theirs.
 
 The truth is measured here, judge-side, with ``coursekit.steps.measure_training_step`` (what
 autograd really saved) and ``coursekit.memory.model_state_bytes``; the student's function
@@ -121,18 +122,34 @@ def _unrunnable(model: nn.Sequential) -> probes.ch00_meta.Sequential:
 def _as_number(value, name: str, where: str) -> int | float:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise AssertionError(f"{name} should be a number of bytes (an int), got {type(value).__name__} {where}.")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AssertionError(f"{name} should be a number of bytes (an int, as the docstring says), got "
+                             f"{type(value).__name__} {value!r} {where}.")
     return value
 
 
+class _RefusedValidName(Exception):
+    """The student's function raised ValueError for one of the three valid optimizer names: the errors cell
+    grades that (its message says so); the other cells grade what the function returns for the names it takes."""
+
+
+def _value_error(e: BaseException) -> bool:
+    return isinstance(e, ValueError) or (isinstance(e, StudentError) and "ValueError" in e.types)
+
+
 def _call(nb, model: nn.Sequential, batch_size: int, optimizer: str, keys: tuple = KEYS) -> dict:
-    """The student's prediction on an unrunnable copy of ``model``: the entries ``keys`` as numbers."""
+    """The student's prediction on an unrunnable copy of ``model``: the entries ``keys`` as numbers.
+
+    Raises ``_RefusedValidName`` when the function raises ValueError for ``optimizer`` (a valid name)."""
     where = f"for {_describe(model)}, batch size {batch_size}, optimizer {optimizer!r}"
     try:
         # Shapes without data, refusing to run or materialise: the student must predict, not run the step.
         result = fetch(nb.predict_training_memory(_unrunnable(model), batch_size, optimizer))
-    except (RuntimeError, StudentError) as e:  # the model's refusal, locally or as a StudentError
+    except (RuntimeError, StudentError, ValueError) as e:  # the model's refusal, locally or as a StudentError
+        if _value_error(e) and optimizer in OPTIMIZERS:
+            raise _RefusedValidName(e.message if isinstance(e, StudentError) else str(e)) from None
+        if isinstance(e, ValueError):
+            raise
         message = e.message if isinstance(e, StudentError) else str(e)
         if "predict from its layers' shapes" not in message:
             raise
@@ -164,7 +181,20 @@ def _check_activations(nb, model: nn.Sequential, batch_size: int, optimizer: str
     # The truth is measured before the student's function sees (a copy of) the model.
     measured = measure_training_step(model, batch_size)
     truth = measured.activation_bytes
-    got = _call(nb, model, batch_size, optimizer, ("activations",))["activations"]
+    # The activations do not depend on the optimizer: a valid name the function refuses (the errors cell's
+    # property) is replaced by another valid one; only a function that refuses all three fails here.
+    for name in (optimizer, *(o for o in OPTIMIZERS if o != optimizer)):
+        try:
+            got = _call(nb, model, batch_size, name, ("activations",))["activations"]
+            break
+        except _RefusedValidName as refused:
+            why = str(refused)
+    else:
+        raise AssertionError(
+            f"predict_training_memory raised ValueError ({why}) for every valid optimizer "
+            f"({', '.join(map(repr, OPTIMIZERS))}) {_where(model, batch_size, optimizer)}: only an unknown optimizer "
+            f"raises; return the four parts for these.")
+    optimizer = name
     if got == truth:
         return
     diff = got - truth
@@ -181,12 +211,16 @@ def _check_activations(nb, model: nn.Sequential, batch_size: int, optimizer: str
 
 def _check_state(nb, model: nn.Sequential, batch_size: int, optimizer: str) -> None:
     truth = model_state_bytes(model, optimizer)  # before the student's function sees (a copy of) the model
-    got = _call(nb, model, batch_size, optimizer, KEYS[:3])
+    try:
+        got = _call(nb, model, batch_size, optimizer, KEYS[:3])
+    except _RefusedValidName:
+        return False  # no state returned for this name to be wrong: the errors cell grades the refusal
     where = _where(model, batch_size, optimizer)
     for key in ("params", "grads"):
         check_equal(got[key], truth[key], f'result["{key}"] {where}', STATE_HINTS[key])
     check_equal(got["optimizer_state"], truth["optimizer_state"], f'result["optimizer_state"] {where}',
                 OPTIMIZER_HINTS[optimizer])
+    return True
 
 
 def _random_cases() -> list[tuple[nn.Sequential, int, str]]:
@@ -214,16 +248,21 @@ def check_predict_training_memory(nb):
 @hidden_test("test_predict_training_memory_model_state")
 def check_model_state(nb):
     """"params", "grads" and "optimizer_state" for every optimizer."""
+    graded = 0
     for i, (_hint, in_features, layers) in enumerate(CASES):
         model = _build(in_features, layers, seed=100 + i)
         for optimizer in OPTIMIZERS:
-            _check_state(nb, model, BATCHES[i % len(BATCHES)], optimizer)
+            graded += _check_state(nb, model, BATCHES[i % len(BATCHES)], optimizer)
     # One model, every optimizer: only the optimizer state may change.
     model = _build(37, [("L", 53, True), ("R",), ("L", 11, False)], seed=7)
     for optimizer in OPTIMIZERS:
-        _check_state(nb, model, 5, optimizer)
+        graded += _check_state(nb, model, 5, optimizer)
     for model, batch_size, optimizer in _random_cases():
-        _check_state(nb, model, batch_size, optimizer)
+        graded += _check_state(nb, model, batch_size, optimizer)
+    if not graded:
+        raise AssertionError(
+            "predict_training_memory raised ValueError for every valid optimizer ('sgd', 'momentum', 'adam'): "
+            "only an unknown optimizer raises; return the four parts for these.")
 
 
 @hidden_test("test_predict_training_memory_errors")
