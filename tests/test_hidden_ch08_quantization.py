@@ -17,6 +17,7 @@ from grader.api import LocalNamespace, checks_for
 
 from wrong_submissions_ch08_quantization import WRONG
 from sandbox_checks import sandbox_tests
+from contract_tables import Clause, contract_tests
 
 CHAPTER = "ch08_quantization"
 CHECKS = checks_for(CHAPTER)
@@ -67,7 +68,7 @@ def round_via_bf16(x):
 
 
 def make_absmax_quantize(range_mode="symmetric", drop_last=False, check="type and range", flat_codes=False,
-                         rounding="round"):
+                         rounding="round", zero_guard=True):
     def absmax_quantize(x, bits, block_size):
         if check == "type and range" and (type(bits) is not int or bits < 2 or bits > 8 or type(block_size) is not int
                                           or block_size < 1):
@@ -80,6 +81,8 @@ def make_absmax_quantize(range_mode="symmetric", drop_last=False, check="type an
         padded = torch.nn.functional.pad(flat, (0, n_blocks * block_size - flat.numel()))
         blocks = padded[:n_blocks * block_size].reshape(n_blocks, block_size)
         amax = blocks.abs().max(dim=1).values.float().double()
+        if not zero_guard:  # wrong: a floor on the scale, so that an all-zero block's scale is not 0
+            amax = amax.clamp_min(torch.finfo(torch.float32).tiny)
         scales = (amax / q_max).float()
         v = blocks * (q_max / torch.where(amax > 0, amax, torch.ones_like(amax)))[:, None]
         if rounding == "round":
@@ -432,3 +435,113 @@ def test_qlora_linear_rejects_a_fixed_block_size():
 
 # --- the same checks through the sandbox, as at autograde ------------------------------------------
 test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(CHAPTER, WRONG, SANDBOX_CELL)
+
+
+# --- the contract, clause by clause (tests/contract_tables.py) -------------------------------------------
+def _w(exercise, wrong):
+    return {exercise: wrong}
+
+
+R, AQ, AD, CB, NQ, ND, QL = ("round_to_bf16", "absmax_quantize", "absmax_dequantize", "nf4_codebook", "nf4_quantize",
+                             "nf4_dequantize", "QLoRALinear")
+R_VALUES, R_EDGE = "test_round_to_bf16", "test_round_to_bf16_edge_cases"
+AQ_VALUES, AQ_EDGE = "test_absmax_quantize", "test_absmax_quantize_edge_cases"
+AD_VALUES, AD_EDGE = "test_absmax_dequantize", "test_absmax_dequantize_edge_cases"
+NQ_VALUES, NQ_EDGE = "test_nf4_quantize", "test_nf4_quantize_edge_cases"
+ND_VALUES, ND_EDGE = "test_nf4_dequantize", "test_nf4_dequantize_edge_cases"
+Q_VALUES, Q_MEMORY, Q_ERRORS = "test_qlora_linear", "test_qlora_linear_memory", "test_qlora_linear_errors"
+
+
+def _qlora(**kw):
+    return {QL: make_qlora(NF4_QUANTIZE, NF4_DEQUANTIZE, **kw)}
+
+
+CONTRACT = [
+    Clause(R, "Round float32 values to the nearest bfloat16 value", (R_VALUES,), _w(R, make_round("truncate")),
+           "ties to even", label="nearest-not-truncated"),
+    Clause(R, "ties to even", (R_VALUES,), _w(R, make_round("away")), "ties to even"),
+    Clause(R, "a NaN stays a NaN", (R_EDGE,), _w(R, make_round(keep_nan=False)), "NaNs did not stay NaN"),
+    Clause(R, "values that round up to infinity", (R_EDGE,), _w(R, make_round(overflow="saturate")),
+           "do not clamp to the largest finite"),
+    Clause(R, "subnormals included", (R_EDGE,), _w(R, make_round(subnormals="flush")), "do not flush subnormals"),
+    Clause(R, "the subnormals, ±0, the values that round to ±inf and ±inf bit for bit", (R_EDGE,),
+           _w(R, make_round(zeros="positive")), "sign bit included", label="signed-zero"),
+    Clause(R, "no conversion to bfloat16 anywhere", (R_VALUES,), _w(R, round_via_bf16), "integer operations"),
+    Clause(AQ, "q_max = 2 ** (bits - 1) - 1", (AQ_VALUES,), _w(AQ, make_absmax_quantize(range_mode="asymmetric")),
+           "q_max"),
+    Clause(AQ, "tensor of shape (n_blocks, block_size)", (AQ_VALUES,), _w(AQ, make_absmax_quantize(flat_codes=True)),
+           "one row of block_size codes per block"),
+    Clause(AQ, "``round(x / scale)`` of each value", (AQ_VALUES,), _w(AQ, make_absmax_quantize(rounding="trunc")),
+           "truncates toward zero"),
+    Clause(AQ, "n_blocks = ceil(n / block_size)", (AQ_EDGE,), _w(AQ, make_absmax_quantize(drop_last=True)),
+           "pad the last"),
+    Clause(AQ, "(round half to even, like ``torch.round``)", (AQ_EDGE,),
+           _w(AQ, make_absmax_quantize(rounding="half away")), "round half to even"),
+    Clause(AQ, "(0 for an all-zero block, whose codes are all 0)", (AQ_EDGE,),
+           _w(AQ, make_absmax_quantize(zero_guard=False)), "all-zero"),
+    Clause(AQ, "ValueError: if ``bits`` is not an int in 2..8 or ``block_size`` is not an int >= 1", (AQ_EDGE,),
+           _w(AQ, make_absmax_quantize(check="none")), "it should raise ValueError", label="no-check"),
+    Clause(AQ, "ValueError: if ``bits`` is not an int in 2..8", (AQ_EDGE,), _w(AQ, make_absmax_quantize(check="range")),
+           "bits=4.0 is a float, not an int", label="float-bits"),
+    Clause(AD, "each code times its block's scale", (AD_VALUES,), _w(AD, make_absmax_dequantize(tile=True)),
+           "scale of its block"),
+    Clause(AD, "(the padding is dropped)", (AD_EDGE,), _w(AD, make_absmax_dequantize(drop_padding=False)),
+           "the padding is dropped"),
+    Clause(CB, "Compute them from the quantiles as described above", ("test_nf4_codebook",),
+           _w(CB, make_nf4_codebook(typo=True)), "Compute the levels, do not type them in"),
+    Clause(CB, "(the extreme quantile", ("test_nf4_codebook",), _w(CB, make_nf4_codebook(offset=0.99)), "0.9677083",
+           label="offset-0.99"),
+    Clause(CB, "(the extreme quantile", ("test_nf4_codebook",), _w(CB, make_nf4_codebook(offset=1 - 1 / 32)),
+           "0.9677083", label="offset-1-1/32"),
+    Clause(CB, "7 negative values, 0.0, 8 positive values", ("test_nf4_codebook",),
+           _w(CB, lambda: torch.linspace(-1, 1, 16)), "exact 0"),
+    Clause(NQ, "byte k holds the code of value 2k in its high nibble", (NQ_VALUES,),
+           _w(NQ, make_nf4_quantize(CODEBOOK, low_first=True)), "swapped"),
+    Clause(NQ, "max |x| of each block", (NQ_VALUES,), _w(NQ, make_nf4_quantize(CODEBOOK, whole_tensor=True)),
+           "max \\|x\\| of each block"),
+    Clause(NQ, "the index (0..15) of the ``nf4_codebook()`` level nearest to value / absmax of its block",
+           (NQ_VALUES,), _w(NQ, make_nf4_quantize(lambda: torch.linspace(-1, 1, 16))), "nearest NF4 level"),
+    Clause(NQ, "(ceil(n / block_size),)", (NQ_EDGE,), _w(NQ, make_nf4_quantize(CODEBOOK, drop_last=True)),
+           "pad the last"),
+    Clause(NQ, "all-zero blocks get code 7", (NQ_EDGE,), _w(NQ, make_nf4_quantize(CODEBOOK, zero_guard=False)),
+           "all-zero block has absmax 0"),
+    Clause(NQ, "(ceil(n / 2),)", (NQ_EDGE,), _w(NQ, make_nf4_quantize(CODEBOOK, pad_odd=False)), "with an odd n"),
+    Clause(ND, "high nibble first", (ND_VALUES,), _w(ND, make_nf4_dequantize(CODEBOOK, low_first=True)),
+           "wrong order"),
+    Clause(ND, "times its block's absmax", (ND_VALUES,),
+           _w(ND, make_nf4_dequantize(CODEBOOK, block_of=lambda n, b: torch.arange(n) // (2 * b))),
+           "absmax of its block"),
+    Clause(ND, "codebook level of each code", (ND_VALUES,), _w(ND, make_nf4_dequantize(make_nf4_codebook(typo=True))),
+           "nf4_codebook"),
+    Clause(ND, "the unused low nibble of the last byte may hold anything", (ND_EDGE,),
+           _w(ND, make_nf4_dequantize(CODEBOOK, trim=False)), "ignore the low nibble of the last byte"),
+    Clause(QL, "Only lora_A and lora_B require gradients", (Q_VALUES,), _qlora(keep="base"), "trainable",
+           label="keeps-trainable-base"),
+    Clause(QL, "y = x @ nf4_dequantize(weight_packed, weight_absmax, (out, in), block_size).T", (Q_VALUES,),
+           _qlora(keep="frozen base"), "computes with the original float weight"),
+    Clause(QL, "Do not keep it (nor any float copy of its weight)", (Q_MEMORY,), _qlora(keep="fp16 buffer"),
+           "full-precision copy", label="fp16-buffer"),
+    Clause(QL, "Do not keep it (nor any float copy of its weight)", (Q_MEMORY,), _qlora(keep="attribute"),
+           "full-precision copy", label="float-attribute"),
+    Clause(QL, "not a cached dequantized weight", (Q_MEMORY,), _qlora(cache=True), "after a forward and backward"),
+    Clause(QL, "may grow after construction by no more than the packed codes and absmax", (Q_MEMORY,),
+           _qlora(unpacked=True), "two codes per byte"),
+    Clause(QL, "in and out features are each drawn at grading time from 3200 to 3456", (Q_MEMORY,),
+           _w(QL, _copy_except_documented_size()), "float copy of its weight", label="drawn-size"),
+    Clause(QL, "the weighted sum of the output and the sum of the input gradient are compared with those of",
+           (Q_MEMORY,), _w(QL, _skip_frozen_when_large()), "far more than NF4's rounding"),
+    Clause(QL, "the output, the input gradient and the gradients of lora_A and lora_B against a float64 reference",
+           (Q_VALUES,), _qlora(base_path=False), "", label="no-base-path"),
+    Clause(QL, "``self.scaling = alpha / rank``", (Q_VALUES,), _qlora(scaling="alpha"), "alpha / rank"),
+    Clause(QL, "the base bias, frozen (``requires_grad=False``)", (Q_VALUES,), _qlora(bias_trainable=True),
+           "trainable parameters"),
+    Clause(QL, "weight_packed, weight_absmax: buffers, ``nf4_quantize(base.weight, block_size)``", (Q_VALUES,),
+           _w(QL, _fixed_block_qlora()), "block_size"),
+    Clause(QL, "rank: r, a positive int", (Q_ERRORS,), _qlora(rank_check="sign"),
+           "rank=2.5.*raised TypeError; it should raise ValueError"),
+    Clause(QL, "anything else raises ``ValueError(", (Q_ERRORS,), _qlora(rank_check="none"),
+           "rank=0.*it should raise ValueError"),
+]
+
+test_contract_quotes_the_notebook, test_contract_wrong_answer_loses_only_its_cells, \
+    test_contract_covers_every_graded_cell = contract_tests(CHAPTER, CONTRACT, namespace, CHECKS, globals())
