@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contract_tables import Clause, contract_tests
 from grader.api import LocalNamespace, checks_for
 
 CHECKS = checks_for("ch01_lora")
@@ -435,3 +436,107 @@ def test_apply_lora_rejects(wrong, fails):
 ], ids=lambda v: v.__name__ if isinstance(v, type) else "")
 def test_adapter_rejects(wrong, fails):
     _expect("Adapter", wrong, fails)
+
+
+# --- the contract, clause by clause (tests/contract_tables.py) -------------------------------------------
+def apply_lora_returns_none(model, rank, alpha, targets):
+    """Modifies the model in place and forgets to return it."""
+    make_apply_lora()(model, rank, alpha, targets)
+
+
+def apply_lora_on_a_copy(model, rank, alpha, targets):
+    """Returns an adapted deep copy: the model it was given stays as it was."""
+    import copy
+
+    return make_apply_lora()(copy.deepcopy(model), rank, alpha, targets)
+
+
+def _lora(cls):
+    return {"LoRALinear": cls}
+
+
+def _apply(fn):
+    return {"apply_lora": fn}
+
+
+def _adapter(cls):
+    return {"Adapter": cls}
+
+
+_TARGETS_RULE = 'equals a target or ends with "." + target'
+_ONLY_LORA = "the only parameters with requires_grad=True are the lora_A and lora_B of the new layers"
+CONTRACT = [
+    Clause("LoRALinear", "the update is multiplied by self.scaling = alpha / rank", (VALUES,), _lora(ScaledByAlpha),
+           "alpha / rank"),
+    Clause("LoRALinear", "y = base(x) + (alpha / rank) * (x @ lora_A.T) @ lora_B.T", (VALUES,),
+           _lora(ScaleOnlyInForward), "alpha / rank"),
+    Clause("LoRALinear", "lora_B: nn.Parameter of shape (out_features, rank), initialised to zeros", (VALUES,),
+           _lora(RandomB), "lora_B is not zero"),
+    Clause("LoRALinear", "initialised like nn.Linear's weight", (VALUES,), _lora(BothZero), "lora_A is constant"),
+    Clause("LoRALinear", "Keep it as self.base", (VALUES,), _lora(FreshBase), "wrap the layer you are given"),
+    Clause("LoRALinear", "the gradients of x, lora_A and lora_B", (VALUES,), _lora(InputDetachedInUpdate),
+           "input gradient", label="input-gradient"),
+    Clause("LoRALinear", "the gradients of x, lora_A and lora_B", (VALUES,), _lora(ADetached),
+           "no gradient reached it", label="lora-A-gradient"),
+    Clause("LoRALinear", "freeze it: requires_grad=False on its weight and bias", (FROZEN,), _lora(BaseNotFrozen),
+           "requires_grad=True"),
+    Clause("LoRALinear", "freeze it: requires_grad=False on its weight and bias", (FROZEN,),
+           _lora(BaseListedAsFrozen), "the tensors that train", label="base-listed-as-frozen"),
+    Clause("LoRALinear", "a new nn.Linear with weight W0 + scaling * lora_B @ lora_A", (MERGE,),
+           _lora(MergeWithoutScaling), "forget the scaling"),
+    Clause("LoRALinear", "a new nn.Linear with weight W0 + scaling * lora_B @ lora_A", (MERGE,),
+           _lora(MergeWithoutUpdate), "W0 alone", label="merge-forgets-update"),
+    Clause("LoRALinear", "merge(): a new nn.Linear", (MERGE,), _lora(MergeReturnsWeight), "expected an nn.Linear"),
+    Clause("LoRALinear", "and the base bias", (MERGE,), _lora(MergeForgetsBias), "bias"),
+    Clause("LoRALinear", "self.base is left unchanged", (MERGE,), _lora(MergeInPlace), "unchanged"),
+    Clause("LoRALinear", 'Anything else (0, -1, 2.5, "4") raises', (ERRORS,), _lora(NoRankCheck),
+           "rank=0.*returned a layer"),
+    Clause("LoRALinear", 'Anything else (0, -1, 2.5, "4") raises', (ERRORS,), _lora(FloatRankAccepted),
+           "rank=2.5.*returned a layer", label="float-rank"),
+    Clause("LoRALinear", 'Anything else (0, -1, 2.5, "4") raises', (ERRORS,), _lora(ComparesBeforeTypeCheck),
+           "raised TypeError", label="string-rank"),
+    Clause("LoRALinear", 'ValueError("rank must be a positive integer, got ...")', (ERRORS,),
+           _lora(MessageWithoutRank), "does not name the refused rank"),
+    Clause("LoRALinear", "rank: r, a positive int", (ERRORS,), _lora(RefusesRankOne), "every positive integer"),
+    Clause("apply_lora", _TARGETS_RULE, (REPLACED,), _apply(make_apply_lora(only_targets=False)),
+           "the layers replaced"),
+    Clause("apply_lora", "rank, alpha: passed to every new LoRALinear(layer, rank, alpha)", (REPLACED,),
+           _apply(make_apply_lora(lora_cls=lambda m, r, a: LoRALinear(m, r + 1, a))), "pass rank on"),
+    Clause("apply_lora", "rank, alpha: passed to every new LoRALinear(layer, rank, alpha)", (REPLACED,),
+           _apply(make_apply_lora(lora_cls=lambda m, r, a: LoRALinear(m, r, 1.0))), "pass rank and alpha on",
+           label="alpha-passed-on"),
+    Clause("apply_lora", _ONLY_LORA, (FREEZES,), _apply(make_apply_lora(freeze=False)), "trainable parameters"),
+    Clause("apply_lora", _ONLY_LORA, (FREEZES,), _apply(make_apply_lora(freeze_after=True)), "trainable parameters",
+           label="lora-not-frozen"),
+    Clause("apply_lora", _ONLY_LORA, (FREEZES,), _apply(apply_lora_shadowed_listing), "tensors that train",
+           label="shadowed-listing"),
+    Clause("apply_lora", '"blocks.0.attn.qkv" matches "qkv" and "attn.qkv"', (EDGES,),
+           _apply(make_apply_lora(match="last_part")), "a target may hold dots"),
+    Clause("apply_lora", _TARGETS_RULE, (EDGES,), _apply(make_apply_lora(match="letters")),
+           "only ends with the letters", label="look-alike-names"),
+    Clause("apply_lora", _TARGETS_RULE, (EDGES,), _apply(make_apply_lora(match="dotted_only")),
+           "named exactly 'fc1'", label="exact-top-level-name"),
+    Clause("apply_lora", "targets: iterable of name suffixes", (EDGES,), _apply(make_apply_lora(match="str_endswith")),
+           "str.endswith"),
+    Clause("apply_lora", "Modules of other types are never replaced, whatever their name", (EDGES,),
+           _apply(make_apply_lora(linear_only=False)), "Only nn.Linear layers are replaced"),
+    Clause("apply_lora", "model: any nn.Module; modified in place", (REPLACED,), _apply(apply_lora_returns_none),
+           "return", label="returns-model"),
+    Clause("apply_lora", "model: any nn.Module; modified in place", (REPLACED,), _apply(apply_lora_on_a_copy),
+           "in place", label="in-place"),
+    Clause("Adapter", "with weight **and** bias set to zero", (INIT,), _adapter(AdapterUpRandom), "zero-initialise up"),
+    Clause("Adapter", "with weight **and** bias set to zero", (INIT,), _adapter(AdapterUpBiasOnlyZero),
+           "zero-initialise up", label="up-weight-zero"),
+    Clause("Adapter", "down: nn.Linear(dim, bottleneck) with its default (random) initialisation", (INIT,),
+           _adapter(AdapterDownZero), "zero-initialise up"),
+    Clause("Adapter", "down: nn.Linear(dim, bottleneck) with its default (random) initialisation", (INIT,),
+           _adapter(AdapterBothZero), "down.weight is constant", label="down-random"),
+    Clause("Adapter", "x + up(GELU(down(x)))", (ADAPTER,), _adapter(AdapterNoResidual), "residual"),
+    Clause("Adapter", "Write the adapter with nn.GELU()'s exact GELU", (ADAPTER,), _adapter(AdapterReLU), "GELU"),
+    Clause("Adapter", "Write the adapter with nn.GELU()'s exact GELU", (ADAPTER,), _adapter(AdapterTanhGELU),
+           "exact", label="tanh-gelu"),
+    Clause("Adapter", "all four trainable", (ADAPTER,), _adapter(AdapterFrozenDown), "frozen"),
+]
+
+test_contract_quotes_the_notebook, test_contract_wrong_answer_loses_only_its_cells, \
+    test_contract_covers_every_graded_cell = contract_tests("ch01_lora", CONTRACT, namespace, CHECKS, globals())

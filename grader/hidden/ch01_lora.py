@@ -342,10 +342,13 @@ RANK, ALPHA, TARGETS = 3, 6.0, ("qkv", "fc1")
 
 
 def _lora_apply(nb, model: nn.Module, targets, what: str):
-    """Send the model with its own tensors, run apply_lora; (result, the sent tensors, module table)."""
+    """Send the model with its own tensors, run apply_lora; (result, the sent model and tensors, module table)."""
     sent = nb.put((model, list(model.parameters())))  # one message: the tensors are the model's own
     try:
         result = nb.apply_lora(sent[0], RANK, ALPHA, targets)
+        if result is None or fetch(nb.apply(probes.type_names, result))[0] == "builtins.NoneType":
+            raise AssertionError(f"apply_lora(model, {RANK}, {ALPHA:g}, {targets!r}) on {what} returned None: "
+                                 "return the model you modified in place")
         kinds = fetch(nb.apply(probes.module_table, result))
     except (StudentError, TypeError, AttributeError) as e:  # the student's own error, remote or local
         raised = f"{e.type_name}: {e.message}" if isinstance(e, StudentError) else f"{type(e).__name__}: {e}"
@@ -357,7 +360,7 @@ def _lora_apply(nb, model: nn.Module, targets, what: str):
             hint = " Only nn.Linear layers are replaced, whatever their name: test isinstance(module, nn.Linear)"
         raise AssertionError(f"apply_lora(model, {RANK}, {ALPHA:g}, {targets!r}) on {what} raised {raised}.{hint}") \
             from None
-    return result, sent[1], kinds
+    return result, sent, kinds
 
 
 def _replaced(kinds: dict) -> list[str]:
@@ -391,11 +394,14 @@ def check_apply_lora(nb):
     wanted = sorted(n for n in linears if n == "fc1" or n.endswith((".qkv", ".fc1")))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     layers = _layers(model)
-    result, _tensors, kinds = _lora_apply(nb, model, TARGETS, "a transformer-like model")
+    result, sent, kinds = _lora_apply(nb, model, TARGETS, "a transformer-like model")
 
     check_equal(_replaced(kinds), wanted, "the layers replaced by LoRALinear",
                 f"replace exactly the nn.Linear layers whose qualified name ends with one of {TARGETS} "
                 "(not the head, not other Linears)")
+    given = fetch(nb.apply(probes.module_table, sent[0]))
+    check_equal(_replaced(given), _replaced(kinds), "the layers replaced in the model apply_lora was given",
+                "modify the model in place (set_submodule on it) and return that same model, not a copy")
     for name in wanted:
         if "torch.nn.modules.linear.Linear" not in kinds.get(f"{name}.base", []):
             raise AssertionError(f"{name}.base should be the original nn.Linear wrapped by LoRALinear")
@@ -444,7 +450,8 @@ def check_apply_lora_frozen(nb):
     model = _toy_model()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     layers = _layers(model)
-    result, tensors, kinds = _lora_apply(nb, model, TARGETS, "a transformer-like model")
+    result, sent, kinds = _lora_apply(nb, model, TARGETS, "a transformer-like model")
+    tensors = sent[1]
     replaced = _replaced(kinds)  # the student's choice: which layers is graded in test_apply_lora
     if not replaced:
         raise AssertionError(f"apply_lora(model, {RANK}, {ALPHA:g}, {TARGETS}) replaced no layer by a LoRALinear: "
@@ -487,7 +494,7 @@ def check_apply_lora_edge_cases(nb):
     """Targets as a list, a dotted target, an exact top-level name, a Conv1d named like a target, look-alike names."""
     model = _edge_model()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    _result, _tensors, kinds = _lora_apply(nb, model, EDGE_TARGETS, "a model with look-alike names")
+    _result, _sent, kinds = _lora_apply(nb, model, EDGE_TARGETS, "a model with look-alike names")
     got, wanted = _replaced(kinds), ["blocks.0.attn.qkv", "fc1"]
     if got != wanted:
         wrong = sorted(set(got) ^ set(wanted))
