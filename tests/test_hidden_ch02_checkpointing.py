@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from contract_tables import Clause, contract_tests
 from grader.api import LocalNamespace, checks_for
 from grader.sandbox import judge
 from sandbox_checks import LIMITS, program, sandbox_tests
@@ -633,3 +634,97 @@ def test_sandbox_memory_wrong_loses_only_its_memory_cell(exercise):
     assert not outcomes[memory].passed and "read from outside your process" in outcomes[memory].reason
     assert all(outcomes[gid].passed for gid in CELLS[exercise] if gid != memory), \
         {gid: outcomes[gid].reason for gid in CELLS[exercise]}
+
+
+# --- the contract, clause by clause (tests/contract_tables.py) -------------------------------------------
+CK, CK_RNG, CK_EDGE, CK_MEM = CELLS["checkpoint"]
+UNI, UNI_MEM, UNI_EDGE = CELLS["checkpoint_uniform"]
+BLK, BLK_MEM, BLK_EDGE = CELLS["checkpoint_blocks"]
+PLAN, PLAN_EDGE, PLAN_LONG = CELLS["plan_checkpoints"]
+_SAME_RNG = "the random state it saw the first time (same dropout masks)"
+_ATTACHED = "attached to the autograd graph whenever an input or a parameter of function requires grad"
+_UNEVEN = "The first n % k chunks have n // k + 1 layers, the others n // k"
+_LAST_TOO = "Every chunk, the last one included, goes through checkpoint"
+_NO_GRAD_INPUT = "with an input that needs no gradient"
+_BEST = "the smallest possible plan_recompute(plan, fwd_flops)"
+CONTRACT = [
+    Clause("checkpoint", "its parameters that require grad receive gradients", (CK,),
+           {"checkpoint": make_checkpoint(pass_params=False)}, "received no gradient"),
+    Clause("checkpoint", _SAME_RNG, (CK_RNG,), {"checkpoint": make_checkpoint(replay_rng=False)},
+           "torch.get_rng_state"),
+    Clause("checkpoint", _SAME_RNG, (CK_RNG,), {"checkpoint": make_checkpoint(rng_after=True)},
+           "before calling function", label="rng-state-after-the-draw"),
+    Clause("checkpoint", _ATTACHED, (CK_EDGE,), {"checkpoint": make_accumulating(dummy=False)},
+           "parameters of function still do"),
+    Clause("checkpoint", "Nothing computed inside function is saved for backward", (CK_MEM,),
+           {"checkpoint": make_checkpoint(keep_graph=True)}, "keeps only its inputs"),
+    Clause("checkpoint", "During backward function runs once more", (CK_MEM,),
+           {"checkpoint": make_checkpoint(recompute_twice=True)}, "once in backward"),
+    Clause("checkpoint", "on that same call the loss, the input's gradient and every parameter's gradient must equal "
+           "plain autograd's", (CK_MEM,), {"checkpoint": detached_when_large}, "backward through the output raised"),
+    Clause("checkpoint_uniform", _UNEVEN, (UNI,), {"checkpoint_uniform": make_chunked(split_uniform_ceil)},
+           "first n % k chunks", label="ceil-chunks"),
+    Clause("checkpoint_uniform", _UNEVEN, (UNI,), {"checkpoint_uniform": make_chunked(split_uniform_rest_last)},
+           "first n % k chunks", label="rest-last"),
+    Clause("checkpoint_uniform", "the longer chunks first", (UNI,),
+           {"checkpoint_uniform": make_chunked(split_uniform_short_first)}, "first n % k chunks"),
+    Clause("checkpoint_uniform", _LAST_TOO, (UNI,),
+           {"checkpoint_uniform": make_chunked(split_uniform, checkpoint_last=False)}, "the last one included"),
+    Clause("checkpoint_uniform", "n layers in segments nearly equal contiguous chunks", (UNI,),
+           {"checkpoint_uniform": every_layer}, "one at a time"),
+    Clause("checkpoint_uniform", "Each chunk runs as one checkpoint(...) call", (UNI,),
+           {"checkpoint_uniform": plain_chunks}, "Nothing ran again during backward"),
+    Clause("checkpoint_uniform", "so only the k chunk inputs are kept for backward", (UNI_MEM,),
+           {"checkpoint_uniform": recording_outputs(split_uniform)}, "read from outside your process"),
+    Clause("checkpoint_uniform", "on that same call the loss and every gradient must equal plain autograd's",
+           (UNI_MEM,), {"checkpoint_uniform": scaled_when_large}, "the loss checkpoint_uniform"),
+    Clause("checkpoint_uniform", "anything else raises ValueError", (UNI_EDGE,),
+           {"checkpoint_uniform": make_chunked(split_uniform_no_check)}, "outside 1..n raises ValueError"),
+    Clause("checkpoint_uniform", "anything else raises ValueError", (UNI_EDGE,),
+           {"checkpoint_uniform": make_chunked(split_uniform_range_only)}, "not an int", label="float-segments"),
+    Clause("checkpoint_uniform", _NO_GRAD_INPUT, (UNI_EDGE,),
+           {"checkpoint_uniform": make_chunked(split_uniform, ckpt=make_accumulating(dummy=False))},
+           "parameters of function still do"),
+    Clause("checkpoint_blocks", "Chunks are layers [0, b), [b, 2b), ...", (BLK,),
+           {"checkpoint_blocks": make_chunked(split_blocks_off_by_one)}, r"\[0, b\), \[b, 2b\)"),
+    Clause("checkpoint_blocks", "Chunks are layers [0, b), [b, 2b), ...", (BLK,),
+           {"checkpoint_blocks": make_chunked(split_blocks_as_count)}, r"\[0, b\), \[b, 2b\)",
+           label="block-size-as-count"),
+    Clause("checkpoint_blocks", "each chunk runs as one checkpoint(...) call", (BLK,),
+           {"checkpoint_blocks": make_chunked(split_blocks, checkpoint_last=False)}, "the last one included",
+           label="last-block-too"),
+    Clause("checkpoint_blocks", "each chunk runs as one checkpoint(...) call", (BLK,),
+           {"checkpoint_blocks": make_chunked(split_blocks, ckpt=make_checkpoint(pass_params=False))},
+           "received no gradient"),
+    Clause("checkpoint_blocks", "the process may hold no more than the bytes of ceil(8 / b) + 1 inputs", (BLK_MEM,),
+           {"checkpoint_blocks": recording_outputs(split_blocks, clone=True)}, "read from outside your process"),
+    Clause("checkpoint_blocks", "b >= n gives one chunk", (BLK_EDGE,),
+           {"checkpoint_blocks": make_chunked(split_blocks_refuses_long)}, "b >= n is valid"),
+    Clause("checkpoint_blocks", "block_size: b, a positive int (ValueError otherwise)", (BLK_EDGE,),
+           {"checkpoint_blocks": make_chunked(split_blocks_zero_only)}, "a block size below 1"),
+    Clause("checkpoint_blocks", _NO_GRAD_INPUT, (BLK_EDGE,),
+           {"checkpoint_blocks": make_chunked(split_blocks, ckpt=make_accumulating(dummy=False))},
+           "parameters of function still do"),
+    Clause("plan_checkpoints", _BEST, (PLAN,), {"plan_checkpoints": plan_greedy}, "reaches every plan"),
+    Clause("plan_checkpoints", _BEST, (PLAN,), {"plan_checkpoints": plan_cheapest_prefix}, "reaches every plan",
+           label="cheapest-prefix"),
+    Clause("plan_checkpoints", _BEST, (PLAN,), {"plan_checkpoints": plan_first_peak}, "greedy",
+           label="first-peak"),
+    Clause("plan_checkpoints", _BEST, (PLAN,), {"plan_checkpoints": plan_best_uniform}, "reaches every plan",
+           label="uniform-plans-only"),
+    Clause("plan_checkpoints", "a segment of two or more layers is recomputed whole, its last layer included",
+           (PLAN,), {"plan_checkpoints": plan_last_layer_free}, "its last one included"),
+    Clause("plan_checkpoints", "with plan_memory(plan, act_bytes) <= budget_bytes", (PLAN,),
+           {"plan_checkpoints": plan_ignores_budget}, "more than the budget"),
+    Clause("plan_checkpoints", "with plan_memory(plan, act_bytes) <= budget_bytes", (PLAN,),
+           {"plan_checkpoints": plan_without_peak}, "more than the budget", label="memory-with-the-peak"),
+    Clause("plan_checkpoints", "ValueError: if no plan fits in the budget", (PLAN_EDGE,),
+           {"plan_checkpoints": plan_never_raises}, "raise ValueError"),
+    Clause("plan_checkpoints", "(or the two lists differ in length)", (PLAN_EDGE,),
+           {"plan_checkpoints": plan_zip_lengths}, "lists of different lengths"),
+    Clause("plan_checkpoints", "enumerating them does not finish within a graded cell's time limit", (PLAN_LONG,),
+           shown_by="test_sandbox_enumerating_planner_times_out_on_the_long_chain_only"),
+]
+
+test_contract_quotes_the_notebook, test_contract_wrong_answer_loses_only_its_cells, \
+    test_contract_covers_every_graded_cell = contract_tests(CHAPTER, CONTRACT, namespace, CHECKS, globals())
