@@ -15,6 +15,7 @@ from grader.api import LocalNamespace, checks_for
 
 from wrong_submissions_ch09_mixed_precision import WRONG
 from sandbox_checks import sandbox_tests
+from contract_tables import Clause, contract_tests
 
 CHAPTER = "ch09_mixed_precision"
 CHECKS = checks_for(CHAPTER)
@@ -54,15 +55,14 @@ def make_scaler(no_skip=False, zero_instead=False, grow_late=False, grow_early=F
                 raise RuntimeError("unscale_ called twice before update")
             grads = [p.grad for g in opt.param_groups for p in g["params"]
                      if p.grad is not None or crash_on_missing_grad]
+            if crash_on_missing_grad:  # torch.isfinite(None): a TypeError on the parameter without a gradient
+                [torch.isfinite(g) for g in grads]
             # a partial overflow check: the first entries of each gradient only, or a strided sample
             seen = [g.flatten()[:check_first] if check_first else g.flatten()[::check_every or 1] for g in grads]
             # an off-by-one: every entry but the last ([:-1]) or the first ([1:]), of gradients over skip_above entries
             ends = {"last": slice(None, -1), "first": slice(1, None)}
             seen = [t[ends[skip_end]] if skip_end and t.numel() > skip_above else t for t in seen]
-            if crash_on_missing_grad:
-                flat = torch.cat(seen)
-            else:
-                flat = torch.cat(seen) if grads else torch.zeros(0)
+            flat = torch.cat(seen) if grads else torch.zeros(0)
             bad = bool(torch.isinf(flat).any()) if inf_only else bool((~torch.isfinite(flat)).any())
             self.bad = bool(self.bad) or bad
             with torch.no_grad():
@@ -297,7 +297,7 @@ WRONG_STEP_VARIANTS = [
     (dict(backward_unscaled=True), "test_mixed_precision_step", "scaler.scale\\(loss\\)"),
     (dict(loss_outside=True), "test_mixed_precision_step", "outside autocast"),
     (dict(bypass_scaler_step=True), "test_mixed_precision_step_scaler", "calls on the scaler"),
-    (dict(update_twice=True), "test_mixed_precision_step_scaler", "calls on the scaler|No inf checks"),
+    (dict(update_twice=True), "test_mixed_precision_step_scaler", "calls on the scaler"),
     (dict(no_update=True), "test_mixed_precision_step_scaler", "calls on the scaler"),
     (dict(return_tensor=True), "test_mixed_precision_step_returns", "Python float"),
     (dict(return_scaled=True), "test_mixed_precision_step_returns", "before scaling"),
@@ -332,3 +332,88 @@ def test_mixed_precision_step_loses_only_its_property(flags, grade_id):
 
 # --- the same checks through the sandbox, as at autograde ------------------------------------------
 test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(CHAPTER, WRONG)
+
+
+# --- the contract, clause by clause (tests/contract_tables.py) -------------------------------------------
+VALUES, SCHEDULE, INTERFACE = SCALER_IDS
+STEP, STEP_SCALER, STEP_RETURNS = STEP_IDS
+
+
+def _scaler(says, cells, message, label="", **flags):
+    return Clause("GradScaler", says, cells, {"GradScaler": make_scaler(**flags)}, message, label=label)
+
+
+def _step(says, cells, message, label="", **flags):
+    return Clause("mixed_precision_step", says, cells, {"mixed_precision_step": make_step(**flags)}, message,
+                  label=label)
+
+
+CONTRACT = [
+    _scaler("calls optimizer.step() only if no gradient was inf/NaN", (VALUES,), "must be skipped", no_skip=True),
+    _scaler("optimizer state untouched)", (VALUES,), "must be skipped", zero_instead=True),
+    _scaler("unscales if unscale_ was not called yet for this optimizer (never twice!)", (VALUES,),
+            "must not unscale again", unscale_in_step_always=True),
+    _scaler("a tensor of loss's dtype", (VALUES,), "keep the dtype of the loss", scale_to_float32=True),
+    _scaler("still attached to the graph", (VALUES,), "attached to the autograd graph", scale_detached=True),
+    _scaler("scale(loss) returns loss * S", (VALUES,), "with S the scale get_scale\\(\\) reports",
+            scale_uses_init=True),
+    _scaler("it returns what optimizer.step() returned (None when skipped)", (VALUES,), "None when the step is skipped",
+            step_returns_flag=True),
+    _scaler("(parameters whose .grad is None are skipped)", (VALUES,), "", crash_on_missing_grad=True),
+    _scaler("The check must cover every entry, the first and last included.", (VALUES,),
+            "wide model.*must be skipped.*check whole tensors", label="prefix-check", check_first=128),
+    _scaler("The check must cover every entry, the first and last included.", (VALUES,),
+            "must be skipped.*check whole tensors", label="strided-check", check_every=4),
+    _scaler("The check must cover every entry, the first and last included.", (VALUES,),
+            "wide model.*must be skipped.*check whole tensors", label="last-entry-skipped-on-wide",
+            skip_end="last", skip_above=128),
+    _scaler("The check must cover every entry, the first and last included.", (VALUES,),
+            "wide model.*must be skipped.*check whole tensors", label="first-entry-skipped-on-wide",
+            skip_end="first", skip_above=128),
+    _scaler("growth_interval: number of consecutive clean steps before S grows", (SCHEDULE,),
+            "should have grown here", label="grows-late", grow_late=True),
+    _scaler("growth_interval: number of consecutive clean steps before S grows", (SCHEDULE,),
+            "grew too early", label="grows-early", grow_early=True),
+    _scaler("An overflow resets the count of clean steps.", (SCHEDULE,), "reset the count on overflow",
+            keep_count_on_overflow=True),
+    _scaler("grow when the count reaches growth_interval (then reset it)", (SCHEDULE,), "after growing",
+            keep_count_after_growth=True),
+    _scaler("records whether any entry of any gradient held an inf or a NaN", (VALUES,),
+            "inf, -inf and NaN all count", inf_only=True),
+    _scaler("update() changes $S$ once per iteration", (SCHEDULE,), "step\\(\\) does not change the scale",
+            update_in_step=True),
+    _scaler("(never to inf)", (SCHEDULE,), "never grows to inf", grow_to_inf=True),
+    _scaler("Raises ValueError for an argument out of the ranges above", (INTERFACE,), "should raise ValueError",
+            no_value_checks=True),
+    _scaler("a second call raises RuntimeError, like torch's", (INTERFACE,), "a second unscale_",
+            second_unscale_ok=True),
+    _scaler("RuntimeError if called twice for this optimizer before ``update()``", (INTERFACE,), "a second step",
+            step_twice_ok=True),
+    _scaler("RuntimeError if no ``step()`` or ``unscale_()`` came since the last update", (INTERFACE,),
+            "update\\(\\) on a fresh scaler", update_without_step_ok=True),
+    _scaler("``step(optimizer, closure)`` returning what ``optimizer.step(closure)`` returned", (INTERFACE,),
+            "returned None, expected 0.25", label="step-returns-closure-value", no_step_return=True),
+    _scaler("``step(optimizer, closure)`` returning what ``optimizer.step(closure)`` returned", (INTERFACE,),
+            "raised TypeError.*passes the extra arguments", label="step-passes-arguments", no_step_args=True),
+    _scaler("The current scale S, as a Python float.", (INTERFACE,), "expected a Python float", scale_tensor=True),
+    _step("under autocast for the inputs' device with ``dtype``", (STEP,), "without autocast", no_autocast=True),
+    _step("the autocast dtype", (STEP,), "autocast ran with dtype", always_bf16=True),
+    _step("Zero the gradients", (STEP,), "zero the gradients", no_zero_grad=True),
+    _step("back-propagate the scaled loss", (STEP,), "scaler.scale\\(loss\\)", backward_unscaled=True),
+    _step("The model and ``loss_fn`` must be called once each, under autocast", (STEP,), "outside autocast",
+          loss_outside=True),
+    _step("never call model.half(): the master weights must stay float32", (STEP,), "", half_model=True),
+    _step("the scaler gets ``scale``, ``step`` and ``update`` once each, in that order", (STEP_SCALER,),
+          "calls on the scaler", label="bypasses-scaler-step", bypass_scaler_step=True),
+    _step("the scaler gets ``scale``, ``step`` and ``update`` once each, in that order", (STEP_SCALER,),
+          "calls on the scaler", label="updates-twice", update_twice=True),
+    _step("the scaler gets ``scale``, ``step`` and ``update`` once each, in that order", (STEP_SCALER,),
+          "calls on the scaler", label="no-update", no_update=True),
+    _step("The loss of this batch (before scaling) as a Python float.", (STEP_RETURNS,), "Python float",
+          label="returns-tensor", return_tensor=True),
+    _step("The loss of this batch (before scaling) as a Python float.", (STEP_RETURNS,), "before scaling",
+          label="returns-scaled-loss", return_scaled=True),
+]
+
+test_contract_quotes_the_notebook, test_contract_wrong_answer_loses_only_its_cells, \
+    test_contract_covers_every_graded_cell = contract_tests(CHAPTER, CONTRACT, namespace, CHECKS, globals())

@@ -150,14 +150,19 @@ class ch09_AutocastRecorder(nn.Module):
 
 
 class ch09_ScalerRecorder:
-    """A ``torch.amp.GradScaler("cpu", **kwargs)`` that records the names of the methods called on it."""
+    """A ``torch.amp.GradScaler("cpu", **kwargs)`` that records the names of the methods called on it.
+
+    An ``update()`` with no ``step()`` or ``unscale_()`` since the last one is recorded and not passed on (torch
+    would raise an AssertionError): calling the scaler in the wrong number or order costs the scaler cell, which
+    reads the recorded calls, and not the values and returns cells."""
 
     def __init__(self, **kwargs):
         self.scaler = torch.amp.GradScaler("cpu", **kwargs)
         self.calls: list[str] = []
+        self.pending = False  # a step() or unscale_() since the last update()
 
     def __getattr__(self, name: str):
-        if name.startswith("__") or name in ("scaler", "calls"):
+        if name.startswith("__") or name in ("scaler", "calls", "pending"):
             raise AttributeError(name)
         self.calls.append(name)
         return getattr(self.scaler, name)
@@ -169,14 +174,19 @@ class ch09_ScalerRecorder:
     def unscale_(self, optimizer) -> None:
         self.calls.append("unscale_")
         self.scaler.unscale_(optimizer)
+        self.pending = True
 
     def step(self, optimizer, *args, **kwargs):
         self.calls.append("step")
-        return self.scaler.step(optimizer, *args, **kwargs)
+        out = self.scaler.step(optimizer, *args, **kwargs)
+        self.pending = True
+        return out
 
     def update(self, new_scale=None) -> None:
         self.calls.append("update")
-        self.scaler.update(new_scale)
+        if self.pending:
+            self.scaler.update(new_scale)
+            self.pending = False
 
     def get_scale(self) -> float:
         return self.scaler.get_scale()
