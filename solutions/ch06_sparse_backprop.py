@@ -6,6 +6,7 @@
 #     kernel: kernels.ch06_sparse_backprop
 #     prose_numbers:  # phrases whose numbers are definitions or quoted figures (tests/test_prose_numbers.py)
 #       - 'within 60 s and 4 GiB'  # the grader's limits per graded cell
+#       - 'at most 2 MiB beyond x and W themselves'  # the grader's limit on what the forward keeps
 #       - '(1,400 training and 397 test images)'  # the split defined in code
 #       - 'from 170 s to 29 s at top-80 (5.9×) with accuracy 98.20% → 98.27%; a POS-tagging LSTM''s from 16,167 s to 436 s at top-10 (37.1×), 97.22% → 97.25%; 1–4% of the weights'  # meProp paper and repository
 #       - '"5.9× (170 s → 29 s)"'
@@ -154,7 +155,11 @@ def meprop_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                        the compacted products give; and it times your backward, see below);
           both:        db = Σ_i g_i from the full g (never sparsified);
           dx (and anything only dx needs, such as reading W) is not computed when x does not require
-          grad: it is None (checked by freeing W's storage between forward and backward).
+          grad: it is None (checked by freeing W's storage between forward and backward); likewise
+          dW is None and not computed when the weight does not require grad (a frozen layer; checked by
+          freeing x's storage).
+        The forward keeps for backward at most what a dense Linear keeps: x and W themselves (no copy,
+        no other dtype); meProp saves compute, not memory.
         Ties in |g| or in the column sums may be broken either way: the tests use distinct magnitudes.
 
     Raises:
@@ -172,7 +177,10 @@ def meprop_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     and gᵀ x, and the bias gradient) takes on the same inputs (the compacted products need k / n_out of
     their FLOPs, at most 32 / 1792); a call over the limit is timed once more, the dense backward too,
     and the better of each counts. dx, dW and db of
-    those very calls are checked against the grader's own reference.
+    those very calls are checked against the grader's own reference. That cell also reads from outside
+    your process what one forward keeps until backward (x of 4096 to 6144 rows by 1024, drawn, W 96 by
+    1024, both held by the grader meanwhile): at most 2 MiB beyond x and W themselves, its output checked
+    on the same call.
     """
     ### BEGIN SOLUTION
     if x.dim() != 2:

@@ -26,7 +26,7 @@ APPLY_IDS = ("test_apply_meprop", "test_apply_meprop_output_layer")
 # --- meprop_linear: a family, correct with the defaults ------------------------------------------------
 def make_meprop(signed=False, over_batch=False, index="abs_sum", sparse_db=False, sparse_dx=True, sparse_dw=True,
                 scatter=False, dense_dw=False, always_dx=False, dense_edges=True, check_dim=True, only_at=None,
-                only_unified=False):
+                only_unified=False, always_dw=False, save_copy=False):
     """``only_at``: the (B, n_in, n_out) at which the ``only_unified`` variant sparsifies; a dense backward on
     every other shape (the shapes an exercise text once published)."""
     def meprop_linear(x, weight, bias, k, unified=False):
@@ -36,13 +36,14 @@ def make_meprop(signed=False, over_batch=False, index="abs_sum", sparse_db=False
         class Fn(torch.autograd.Function):
             @staticmethod
             def forward(ctx, x, w, b):
-                ctx.save_for_backward(x, w)
+                ctx.save_for_backward(x.clone() if save_copy else x, w)
                 return F.linear(x, w, b)
 
             @staticmethod
             def backward(ctx, g):
                 x, w = ctx.saved_tensors
                 need_x = ctx.needs_input_grad[0] or always_dx
+                need_w = ctx.needs_input_grad[1] or always_dw
                 dense = dense_edges and (k <= 0 or k >= g.shape[1])
                 if only_at is not None and unified == only_unified:
                     dense = dense or (g.shape[0], x.shape[1], g.shape[1]) not in only_at
@@ -56,7 +57,8 @@ def make_meprop(signed=False, over_batch=False, index="abs_sum", sparse_db=False
                         gs = torch.zeros_like(g).scatter(dim, top, g.gather(dim, top))
                     if need_x:
                         dx = (gs if sparse_dx else g) @ w
-                    dw = (gs if sparse_dw else g).t() @ x
+                    if need_w:
+                        dw = (gs if sparse_dw else g).t() @ x
                     g_bias = gs
                 else:
                     score = {"abs_sum": g.abs().sum(0), "signed_sum": g.sum(0), "max": g.abs().amax(0)}[index]
@@ -65,7 +67,9 @@ def make_meprop(signed=False, over_batch=False, index="abs_sum", sparse_db=False
                     g_zero = torch.zeros_like(g).index_copy(1, idx, g_k)
                     if need_x:
                         dx = g_zero @ w if scatter else g_k @ w[idx]
-                    if scatter or dense_dw:
+                    if not need_w:
+                        pass
+                    elif scatter or dense_dw:
                         dw = g_zero.t() @ x
                     else:
                         dw = torch.zeros_like(w).index_copy(0, idx, g_k.t() @ x)
@@ -409,6 +413,10 @@ CONTRACT = [
            _linear(dense_dw=True), "not exactly 0"),
     Clause("meprop_linear", "may use at most a third of the CPU time that the dense backward",
            ("test_meprop_linear_compute",), shown_by="test_sandbox_masked_dense_products_lose_only_the_compute_cell"),
+    Clause("meprop_linear", "keeps for backward at most what a dense Linear keeps: x and W themselves",
+           ("test_meprop_linear_compute",), _linear(save_copy=True), "held .* more than before"),
+    Clause("meprop_linear", "dW is None and not computed when the weight does not require grad",
+           ("test_meprop_linear_edge_cases",), _linear(always_dw=True), "backward read x"),
     Clause("meprop_linear", "it is None (checked by freeing W's storage between forward and backward)",
            ("test_meprop_linear_edge_cases",), _linear(always_dx=True), "needs_input_grad"),
     Clause("meprop_linear", "``k <= 0`` or ``k >= n_out``: the dense backward", ("test_meprop_linear_edge_cases",),

@@ -50,7 +50,7 @@ from coursekit.models import mlp
 from coursekit.transformer import GPTConfig, TinyGPT
 from grader import probes
 from grader.api import fetch, hidden_test
-from grader.resources import Meter, draw, new_seed, seeded
+from grader.resources import Meter, MiB, draw, fresh_tensor, mib, new_seed, seeded
 from grader.source_policy import Shortcut, SourcePolicy
 
 # The course's gather-GEMM (kernels.ch06_sparse_backprop) computes the unified backward's two products.
@@ -81,6 +81,8 @@ DENSE_K_HINT = "k ≤ 0 or k ≥ n_out means the dense backward: dx = g W, dW = 
 NO_DX_HINT = ("when x does not require grad (ctx.needs_input_grad[0] is False), return None for dx and do "
               "not compute it: the first layer of a network never needs it. The test frees W's storage "
               "after the forward pass; only dx reads W")
+NO_DW_HINT = ("when the weight does not require grad (a frozen layer: ctx.needs_input_grad[1] is False), return None "
+              "for dW and do not compute it. The test frees x's storage after the forward pass; only dW reads x")
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -351,6 +353,53 @@ def _check_cpu(nb, meter: Meter) -> None:
             f"zeroed or masked ones included. {CPU_HINT}")
 
 
+# --- meprop_linear: what the forward keeps ------------------------------------------------------------
+SAVED_ROWS = (4096, 6144)  # B of the measured forward, drawn: x is 16 to 24 MiB
+SAVED_IN, SAVED_OUT = 1024, 96
+SAVED_SLACK = 2 * MiB  # what the measured call may keep beyond x, W and the row sums it returns
+SAVED_HINT = ("the forward pass is a dense Linear's: it keeps for backward x and W themselves (ctx.save_for_backward"
+              "(x, weight)), never a copy, another dtype or a transposed contiguous x; meProp saves compute in "
+              "backward, not memory")
+
+
+def _saved_call(x, w, weights, k, unified, fn):
+    """The measured call: the layer's output (no bias) with its rows summed with per-column weights."""
+    return fn(x, w, None, k, unified=unified).mul(weights).sum(1)
+
+
+def _check_saved(nb, meter: Meter) -> None:
+    """What the process holds between forward and backward, read from outside it, on a layer drawn now: at most
+    what a dense Linear keeps (x and W); the output of that very call checked against the judge's own."""
+    B, k, unified = draw(*SAVED_ROWS), draw(1, SAVED_OUT - 1), bool(draw(0, 1))
+    seeds = [new_seed() for _ in range(3)]
+    weights = seeded((SAVED_OUT,), seed=seeds[2])
+    # First call: lazily loaded code and caches, on the measured call's own path.
+    first = _saved_call(fresh_tensor(nb, (5, 7)), fresh_tensor(nb, (4, 7)), nb.put(torch.ones(4)), 2, unified,
+                        nb.meprop_linear)
+    first.sum().backward()
+    del first
+    # x and W stay held by the judge through the call, as a network's activations and weights are held by others:
+    # what the forward keeps beyond them (a copy, another dtype) is what the reading sees.
+    x = meter.tensor((B, SAVED_IN), seed=seeds[0]).tensor
+    w = meter.tensor((SAVED_OUT, SAVED_IN), seed=seeds[1]).tensor
+    held, rows = meter.held_by(lambda wts: _saved_call(x, w, wts, k, unified, nb.meprop_linear),
+                               inputs=lambda: [meter.put(weights)])
+    where = (f"meprop_linear(x, W, None, k={k}, unified={unified}) on x ({B}, {SAVED_IN}) and W ({SAVED_OUT}, "
+             f"{SAVED_IN}), sizes drawn at grading time")
+    x_bytes = 4 * B * SAVED_IN
+    if held.kept > 4 * B + SAVED_SLACK:
+        del rows
+        raise AssertionError(
+            f"{where}: between forward and backward, with x and W held by the grader and the output released, your "
+            f"process held {mib(held.kept)} more than before (read from outside your process), while x is "
+            f"{mib(x_bytes)}. {SAVED_HINT}")
+    x64, w64 = seeded((B, SAVED_IN), seed=seeds[0]).double(), seeded((SAVED_OUT, SAVED_IN), seed=seeds[1]).double()
+    ref = (x64 @ w64.t()) @ weights.double()
+    got = fetch(rows)
+    check_close(None if got is None else got.double(), ref, f"the output of {where}, each row summed with weights "
+                "drawn at grading time", FORWARD_HINT, atol=1e-3, rtol=1e-4)
+
+
 class _FlopsNote:
     """The FLOPs a backward ran (counted inside the student's process) beside the compacted products', formatted
     only when a failure's message shows it."""
@@ -411,6 +460,7 @@ def check_compute(nb):
             raise AssertionError(f"{where}: column 5 of dW[I] should be ±inf (g[3, I] · inf), got "
                                  f"{got_rows[:, 5].tolist()}")
         check_close(got["db"], g64.sum(0).float(), f"db for {where}", BIAS_HINT, **TOL)
+    _check_saved(nb, meter)
     _check_cpu(nb, meter)  # after the small cases above: they warmed up the student's code
 
 
@@ -449,6 +499,28 @@ def check_edge_cases(nb):
         else:
             kept = g
         _grad_check(got["dW"], kept.double().t() @ x.double(), "dW", where, NO_DX_HINT, {})
+        _grad_check(got["db"], g.double().sum(0), "db", where, BIAS_HINT, {})
+    # A frozen weight: x is freed after the forward pass, so a backward that computes dW raises.
+    for i, (k, unified) in enumerate([(8, False), (8, True), (0, False), (n_out, True)]):
+        x, w, b = _inputs(B, n_in, n_out, 44 + i)
+        g = _unified_grad(B, n_out, 144 + i) if unified else _per_example_grad(B, n_out, 144 + i)
+        where = _where(B, n_in, n_out, k, unified) + ", W not requiring grad"
+        got = _run(nb, x, w, b, g, k, unified, w_requires_grad=False, free_input=True)
+        if got["type"] != "Tensor" or not got["attached"]:
+            raise AssertionError(f"{where}: returned {got['type']}{'' if got['attached'] else ' without grad_fn'}")
+        if got.get("error"):
+            raise AssertionError(f"{where}: backward read x ({got['error']['types'][0]}: "
+                                 f"{got['error']['message'][:120]}). {NO_DW_HINT}")
+        if 0 < k < n_out:
+            if unified:
+                index = _unified_index(g, k)
+                kept = torch.zeros_like(g).index_copy(1, index, g[:, index])
+            else:
+                kept = _top_rows(g, k)
+        else:
+            kept = g
+        _grad_check(got["dx"], kept.double() @ w.double(), "dx", where,
+                    "a frozen weight changes nothing for dx: still the sparsified g times W", {})
         _grad_check(got["db"], g.double().sum(0), "db", where, BIAS_HINT, {})
     # No bias.
     for unified in (False, True):

@@ -16,16 +16,17 @@ from grader.sandbox.trusted import in_process
 @in_process(explains=("backward_flops",))
 def ch06_linear_run(fn: Callable, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                     grad_out: torch.Tensor, k: int, unified: bool = False, x_requires_grad: bool = True,
-                    free_weight: bool = False) -> dict:
-    """Run ``y = fn(x, weight, bias, k, unified=unified)`` on leaf copies (weight and bias require grad,
-    x as asked), then back-propagate ``grad_out``. With ``free_weight`` the weight's storage is released
-    (resized to 0 bytes) between forward and backward, so a backward that reads the weight raises.
+                    free_weight: bool = False, w_requires_grad: bool = True, free_input: bool = False) -> dict:
+    """Run ``y = fn(x, weight, bias, k, unified=unified)`` on leaf copies (bias requires grad, x and the
+    weight as asked), then back-propagate ``grad_out``. With ``free_weight`` (``free_input``) the weight's
+    (x's) storage is released (resized to 0 bytes) between forward and backward, so a backward that reads
+    it raises.
 
     Reports what came back ("type", "attached", "y"), what backward raised ("error": class names and
     message, or None), the gradients ("dx", "dW", "db"; None where none arrived) and the backward
     FLOPs (for feedback only)."""
     x = x.detach().clone().requires_grad_(x_requires_grad)
-    w = weight.detach().clone().requires_grad_(True)
+    w = weight.detach().clone().requires_grad_(w_requires_grad)
     b = None if bias is None else bias.detach().clone().requires_grad_(True)
     y = fn(x, w, b, k, unified=unified)
     if not isinstance(y, torch.Tensor):
@@ -35,6 +36,8 @@ def ch06_linear_run(fn: Callable, x: torch.Tensor, weight: torch.Tensor, bias: t
         return out
     if free_weight:
         w.untyped_storage().resize_(0)
+    if free_input:
+        x.untyped_storage().resize_(0)
     try:
         with flop_counter() as bwd:
             y.backward(grad_out)
