@@ -6,6 +6,7 @@
 #     kernel: kernels.ch06_sparse_backprop
 #     prose_numbers:  # phrases whose numbers are definitions or quoted figures (tests/test_prose_numbers.py)
 #       - 'within 60 s and 4 GiB'  # the grader's limits per graded cell
+#       - 'reached 98.28% on MNIST'  # the authors' logged run
 #       - 'at most 2 MiB beyond x and W themselves'  # the grader's limit on what the forward keeps
 #       - '(1,400 training and 397 test images)'  # the split defined in code
 #       - 'from 170 s to 29 s at top-80 (5.9×) with accuracy 98.20% → 98.27%; a POS-tagging LSTM''s from 16,167 s to 436 s at top-10 (37.1×), 97.22% → 97.25%; 1–4% of the weights'  # meProp paper and repository
@@ -316,6 +317,7 @@ from tqdm.auto import tqdm
 
 from coursekit import fast
 from coursekit.report import literature_table, paired_bars
+from coursekit.timing import Timing, compare
 from coursekit.widgets import slider_plot
 
 KIB = 1024
@@ -549,7 +551,8 @@ def train(k, unified, optimizer="adam", lr=1e-3, seed=0):
             losses.append(loss.item())
     with torch.no_grad():
         acc = (model(x_test).argmax(1) == y_test).float().mean().item()
-    return {"acc": acc, "losses": losses, "rows": float(np.mean(rows))}
+        train_acc = (model(x_train).argmax(1) == y_train).float().mean().item()
+    return {"acc": acc, "train_acc": train_acc, "losses": losses, "rows": float(np.mean(rows))}
 
 
 RUNS = {"dense, Adam": (None, False, "adam", 1e-3), "dense, SGD": (None, False, "sgd", 0.05),
@@ -616,7 +619,9 @@ display(Markdown(
 
 # %%
 def phase_times(models, x, y, repeats):
-    """{name: {phase: fastest ms}} for forward, backward and an Adam step of each model, in turn."""
+    """{name: {phase: Timing}} for forward, backward and an Adam step of each model, in turn (two warm-up steps
+    each); `.best` is a phase's fastest repeat, `coursekit.timing.compare` says whether two differ beyond
+    the repeats' spread."""
     opts = {name: torch.optim.Adam(m.parameters(), lr=1e-3) for name, m in models.items()}
     times = {name: {"forward": [], "backward": [], "optimizer": []} for name in models}
     for _ in range(repeats + 2):
@@ -631,7 +636,12 @@ def phase_times(models, x, y, repeats):
             t3 = time.perf_counter()
             for phase, dt in zip(("forward", "backward", "optimizer"), (t1 - t0, t2 - t1, t3 - t2)):
                 times[name][phase].append(dt)
-    return {name: {phase: min(v[2:]) * 1e3 for phase, v in t.items()} for name, t in times.items()}
+    return {name: {phase: Timing(tuple(v[2:])) for phase, v in t.items()} for name, t in times.items()}
+
+
+def ms(timings):
+    """{phase: fastest ms} of phase_times' entry for one model."""
+    return {phase: t.best * 1e3 for phase, t in timings.items()}
 
 
 AMDAHL_K = [None, 32, 8]
@@ -641,7 +651,7 @@ fwd_flops = dense.forward_flops
 lines = ["| model | forward ms | backward ms | optimizer ms | step ms | backward FLOPs vs dense | step FLOPs vs dense |",
          "|---|---|---|---|---|---|---|"]
 for k in AMDAHL_K:
-    t = timing[k]
+    t = ms(timing[k])
     lines.append(f"| {'dense' if k is None else f'unified k={k}'} | {t['forward']:.2f} | {t['backward']:.2f} | "
                  f"{t['optimizer']:.2f} | {sum(t.values()):.2f} | {bwd_flops[k] / bwd_flops[None]:.1%} | "
                  f"{(fwd_flops + bwd_flops[k]) / (fwd_flops + bwd_flops[None]):.1%} |")
@@ -664,17 +674,22 @@ wide = phase_times({"dense": wide_dense, "unified": wide_sparse}, x_wide, y_wide
 wide_flops = {name: measure(lambda m=m: F.cross_entropy(m(x_wide), y_wide), m).backward_flops
               for name, m in (("dense", wide_dense), ("unified", wide_sparse))}
 for name in wide:
-    t = wide[name]
+    t = ms(wide[name])
     print(f"wide MLP, {name:8}: forward {t['forward']:6.2f} ms, backward {t['backward']:6.2f} ms, optimizer "
           f"{t['optimizer']:6.2f} ms; backward FLOPs {wide_flops[name]:,}")
 
 # %%
-t_dense, t8 = timing[None], timing[8]
+t_dense, t8 = ms(timing[None]), ms(timing[8])
 step_speedup = sum(t_dense.values()) / sum(t8.values())
 bwd_speedup = t_dense["backward"] / t8["backward"]
 flop_speedup = bwd_flops[None] / bwd_flops[8]
-wide_bwd = wide["dense"]["backward"] / wide["unified"]["backward"]
-wide_step = sum(wide["dense"].values()) / sum(wide["unified"].values())
+wide_ms = {name: ms(t) for name, t in wide.items()}
+wide_bwd = wide_ms["dense"]["backward"] / wide_ms["unified"]["backward"]
+wide_step = sum(wide_ms["dense"].values()) / sum(wide_ms["unified"].values())
+for phase in ("forward", "backward", "optimizer"):
+    print(f"{phase:9}  small MLP, unified k=8 vs dense: {compare(timing[8][phase], timing[None][phase], ('k=8', 'dense'))}"
+          f"\n           wide MLP, unified vs dense:      "
+          f"{compare(wide['unified'][phase], wide['dense'][phase], ('unified', 'dense'))}")
 display(Markdown(
     f"On our MLP at $k = 8$ the backward pass does {flop_speedup:.1f}× fewer FLOPs, but its time changes "
     f"{bwd_speedup:.2f}× and the whole step's {step_speedup:.2f}× (above 1: faster). Even a backward that took no "
@@ -684,7 +699,10 @@ display(Markdown(
     f"and meProp's top-$k$, gathers and scatters are operators of their own. On the wider MLP, where the "
     f"products dominate, unified $k = {WIDE_K}$ ({wide_flops['dense'] / wide_flops['unified']:.1f}× fewer backward "
     f"FLOPs) makes the backward {wide_bwd:.2f}× faster, and the step only {wide_step:.2f}×: the forward pass and "
-    f"the optimizer's update of every weight are untouched."))
+    f"the optimizer's update of every weight do the same arithmetic as in the dense model (same FLOPs); the "
+    f"verdicts under the table say whether their times differ beyond the repeats' spread (a custom autograd "
+    f"Function adds a little fixed cost of its own). Each time is the fastest of several repeats; a ratio whose "
+    f"repeats overlap is no evidence either way."))
 
 # %% [markdown]
 # ## 7. The unified backward in Triton: a gather-GEMM
@@ -828,6 +846,43 @@ display(Markdown(
     f"here ({R['per-example k=32, Adam']['acc']:.1%}); it trains with SGD and momentum."))
 
 # %% [markdown]
+# > **Your lecture notes vs what we measure: many zeros, far less compute, same accuracy, faster, less
+# > overfitting?** The lecture sells meProp as follows: most entries of the output gradient are (nearly)
+# > zero, so back-propagating only the top $k$ costs far less, and the network trains to the same accuracy,
+# > faster, and overfits less. The cell below checks each claim on this chapter's own layers and runs.
+
+# %%
+g_dense = {}
+probe = make_mlp()
+
+
+def grab_output_grad(module, inputs, output):  # returns None: a forward hook's return value would replace the output
+    output.register_hook(lambda grad: g_dense.__setitem__("g", grad.detach()))
+
+
+probe[2].register_forward_hook(grab_output_grad)
+F.cross_entropy(probe(x_batch), y_batch).backward()
+g2 = g_dense["g"]
+top8 = g2.abs().topk(8, dim=1).values.sum(1) / g2.abs().sum(1)
+gap = {name: runs[name]["train_acc"] - runs[name]["acc"] for name in ("dense, Adam", "unified k=32, Adam")}
+print(f"many zeros:    {(g2 == 0).float().mean():.0%} of the second hidden layer's output gradient is exactly 0 "
+      f"(ReLU); the top 8 of 256 entries of a row hold {top8.mean():.0%} of its |g| on average")
+print(f"less compute:  backward FLOPs on the counter: per example {flops['per-example (counter)'][K_VALUES.index(8)] / dense.backward_flops:.0%} "
+      f"of dense (zeros are multiplied all the same), unified k=8 {bwd_flops[8] / bwd_flops[None]:.0%}")
+print(f"same accuracy: unified k=32 {runs['unified k=32, Adam']['acc']:.1%} vs dense {runs['dense, Adam']['acc']:.1%} "
+      f"({(runs['unified k=32, Adam']['acc'] - runs['dense, Adam']['acc']) * 100:+.1f} points, one seed)")
+print(f"faster:        step time dense / unified k=8 = {step_speedup:.2f}x; backward phase: "
+      f"{compare(timing[8]['backward'], timing[None]['backward'], ('k=8', 'dense'))}")
+print(f"less overfit:  train - test accuracy, dense {gap['dense, Adam'] * 100:.1f} points, unified k=32 "
+      f"{gap['unified k=32, Adam'] * 100:.1f} points")
+
+# %% [markdown]
+# Read the five lines together: zeros are plentiful, but a dense product multiplies them anyway, so only
+# the unified variant's compacted products cut FLOPs; accuracy and the train-test gap move by about a
+# point or less either way over one seed, which is no evidence of a gain; and the step is not faster on
+# layers this small.
+
+# %% [markdown]
 # ## 10. Summary
 #
 # - A Linear's backward is two products, $\partial x = gW$ and $\partial W = g^\top x$, each as costly
@@ -839,6 +894,8 @@ display(Markdown(
 #   $2 \cdot 2\,B\,k\,n_{in}$ useful FLOPs into time.
 # - meProp keeps every activation a dense layer keeps: it saves compute, not memory.
 # - The sparse gradient is biased; with unified top-$k$ and Adam accuracy holds with a small fraction
-#   of the units, while per-example top-$k$ with Adam is unstable (SGD with momentum works).
+#   of the units. In our setup (one seed, these sizes) per-example top-$k$ with Adam trains worse than
+#   with SGD and momentum, for the reason section 5 shows: Adam gives a rarely-hit row as large a step
+#   as a well-informed one. It is not a law: the authors' logged per-example run with Adam reached 98.28% on MNIST.
 # - Step time falls far less than backward FLOPs (Amdahl), and on small layers per-operator
 #   overhead dominates; a gather-GEMM avoids materialising the gathered operands on a GPU.
