@@ -4,7 +4,8 @@ A chapter is its source ``solutions/<id>.py`` (declaration in the header, exerci
 cells in the cell markers) plus, named after its id:
 - ``grader/hidden/<id>.py`` with one ``@hidden_test`` check per graded test cell, no other;
 - ``grader/probes/<id>.py`` if its hidden tests use probes of their own (``probes.chNN_...``);
-- ``tests/test_hidden_<id>.py`` (its checks against correct and wrong implementations);
+- ``tests/test_hidden_<id>.py`` (its checks against correct and wrong implementations), with its contract
+  table (``CONTRACT``, see ``tests/contract_tables.py``);
 - ``tests/wrong_submissions_<id>.py``: a plausible wrong answer (source text) per exercise;
 - ``tests/second_submissions_<id>.py``: a second correct answer per exercise, written from the
   released notebook alone;
@@ -52,6 +53,13 @@ def _dict_keys(tree: ast.Module, name: str) -> list[tuple] | None:
         if any(getattr(t, "id", None) == name for t in targets) and isinstance(node.value, ast.Dict):
             return [ast.literal_eval(k) for k in node.value.keys if k is not None]
     return None
+
+
+def _assigns(tree: ast.Module, name: str) -> bool:
+    """Whether the module assigns ``name`` at top level."""
+    return any(getattr(t, "id", None) == name for node in tree.body
+               for t in (node.targets if isinstance(node, ast.Assign) else
+                         [node.target] if isinstance(node, ast.AnnAssign) else []))
 
 
 def _defines(tree: ast.Module, name: str) -> bool:
@@ -116,8 +124,12 @@ def missing_pieces(root: Path, ch: Chapter) -> list[str]:
             missing.append(f"grader/probes/{cid}.py must define the probes its hidden tests use: {', '.join(lacking)}")
 
     tests = root / "tests"
-    if not (tests / f"test_hidden_{cid}.py").is_file():
+    hidden_tests = _module(tests / f"test_hidden_{cid}.py")
+    if hidden_tests is None:
         missing.append(f"tests/test_hidden_{cid}.py is missing (its checks against correct and wrong implementations)")
+    elif not _assigns(hidden_tests, "CONTRACT") or "contract_tests(" not in ast.unparse(hidden_tests):
+        missing.append(f"tests/test_hidden_{cid}.py has no contract table: CONTRACT = [Clause(...), ...] and the "
+                       "tests of contract_tests(...) (tests/contract_tables.py)")
     for kind, name in (("wrong", "WRONG"), ("second", "SECOND")):
         path = tests / f"{kind}_submissions_{cid}.py"
         tree = _module(path)
