@@ -675,7 +675,7 @@ print(f"step time against full fine-tuning, beyond the repeats' spread: faster {
 #
 # - **Model state shrinks as promised.** Gradients and Adam state exist only for trainable
 #   parameters (the "% of full" column). The frozen weights are still there (the "params"
-#   column does not move).
+#   column does not shrink; it grows by the new adapter or LoRA weights).
 # - **Activations barely move with LoRA.** To get gradients to the LoRA matrices of the first
 #   block's `qkv`, backward must pass through everything above them, so every LayerNorm input,
 #   attention map and GELU input is still saved (LoRA even adds its small $xA^\top$ tensors).
