@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 from grader.api import LocalNamespace, checks_for
 from sandbox_checks import sandbox_tests
+from contract_tables import Clause, contract_tests
 from wrong_submissions_ch10_flash_attention import WRONG
 
 CHAPTER = "ch10_flash_attention"
@@ -671,3 +672,105 @@ def test_triton_copier_loads_what_is_not_an_input():
     assert run["bounds"]["foreign_loads"] == ["src_ptr"] and run["bounds"]["unwritten"] == 0
     run = probes.ch10_triton_run(triton_rowwise_torch, q, k, v, False)
     assert run["bounds"]["unwritten"] == q.numel() and not run["bounds"]["result_stored"]
+
+
+# --- the contract, clause by clause (tests/contract_tables.py) -------------------------------------------
+FWD, BWD, FN, TRI = "flash_attention_forward", "flash_attention_backward", "FlashAttention", "flash_attention_triton"
+GATE = "there no torch operator may create a tensor of N² elements or more"
+
+
+def _fwd(says, cells, wrong, message, label=""):
+    return Clause(FWD, says, cells, {FWD: wrong}, message, label=label)
+
+
+def _bwd(says, cells, wrong, message, label=""):
+    return Clause(BWD, says, cells, {BWD: wrong}, message, label=label)
+
+
+def _fn(says, cells, wrong, message, label=""):
+    return Clause(FN, says, cells, {FN: wrong}, message, label=label)
+
+
+def _tri(says, cells, wrong, message, label=""):
+    return Clause(TRI, says, cells, {TRI: wrong if callable(wrong) else make_triton(wrong)}, message, label=label)
+
+
+CONTRACT = [
+    _fwd("so that a missing rescale shows", (VALUES,), make_forward(rescale=False), "multiply what was accumulated"),
+    _fwd("softmax(q kᵀ / sqrt(d)) v", (VALUES,), forward_unnormalised, "plain softmax attention"),
+    _fwd("A tile can mask a whole row", (EDGE,), make_forward(local_max=True), "NaN", label="masked-row-local-max"),
+    _fwd("A tile can mask a whole row", (EDGE,), forward_reversed, "NaN", label="masked-row-reversed"),
+    _fwd("causal: if True, query i attends to keys 0..i only.", (EDGE,), make_forward(causal_shift=1),
+         r"keys 0\.\.i.*row i see key i \+ 1", label="causal-plus-one"),
+    _fwd("causal: if True, query i attends to keys 0..i only.", (EDGE,), make_forward(causal_shift=-1),
+         r"NaN.*keys 0\.\.i", label="causal-minus-one"),
+    _fwd("the last blocks are shorter", (EDGE,), make_forward(pad_mask=False), "nothing past N.*padding keys"),
+    _fwd("float32 (float64 for float64 inputs)", (EDGE,), make_forward(keep_dtype=False),
+         "dtype torch.float32, expected torch.float64"),
+    _fwd("Scoring a query block against all keys at once, or anything N × N, takes more", (MEMORY,),
+         make_forward(materialise="long"), "N × N", label="n-by-n-when-long"),
+    _fwd("Scoring a query block against all keys at once, or anything N × N, takes more", (MEMORY,),
+         forward_rows_only, "a whole row or column of tiles", label="row-of-tiles"),
+    _fwd(GATE, (VALUES,), make_forward(materialise="always"), "N × N", label="n-by-n-always"),
+    _fwd("Fused attention, torch's attention layers, NumPy and the course's kernels are refused", (VALUES,),
+         forward_sdpa, "scaled_dot_product_attention"),
+    _fwd("Their o and lse are compared too: the non-causal call's in every cell", (VALUES,),
+         forward_naive_below_gate, r"o for \(B, H, N, d\) = \(1, 2, 128, 16\), causal=False.* differs"),
+    _fwd("That call's o and lse are compared on rows drawn at grading time", (MEMORY,), forward_zeros_when_long,
+         r"o \(its rows .* drawn at grading time\)"),
+    _bwd("the $\\tau$ comes from $S = \\tau QK^\\top$", (B_VALUES,), make_backward(tau_in_grads=False),
+         "the factor τ is missing"),
+    _bwd("computed once, before the loop, from the *normalised* output", (B_VALUES,),
+         make_backward(delta="unnormalised"), "normalised output"),
+    _bwd("D = \\mathrm{rowsum}(dO \\circ O)", (B_VALUES,), make_backward(delta="zero"), "D = rowsum.*is missing"),
+    _bwd("the masked entries of $P$ are exactly 0", (B_EDGE,), make_backward(causal_shift=1),
+         r"P_ij = 0 for keys j > i.*key i \+ 1"),
+    _bwd("ragged last blocks, one block larger than N", (B_EDGE,), make_backward(floor_blocks=True), "differs"),
+    _bwd("each (B, H, N, d) in the dtype of its input", (B_EDGE,), make_backward(keep_dtype=False),
+         "dtype torch.float32, expected torch.float64"),
+    _bwd("A key block against all N queries at once, a query block against all keys, or anything N × N takes more",
+         (B_MEMORY,), make_backward(materialise="long"), "N × N", label="n-by-n-when-long"),
+    _bwd("A key block against all N queries at once, a query block against all keys, or anything N × N takes more",
+         (B_MEMORY,), backward_columns_only, "a whole row or column of tiles", label="column-of-tiles"),
+    _bwd(GATE, (B_VALUES,), make_backward(materialise="always"), "N × N", label="n-by-n-always"),
+    _bwd("Their gradients are compared too: the non-causal call's in every cell", (B_VALUES,),
+         backward_naive_below_gate, r"for \(B, H, N, d\) = \(1, 2, 128, 16\), causal=False.* differs"),
+    _bwd("That call's dq (at query rows), dk and dv (at key rows) are compared on rows drawn", (B_MEMORY,),
+         backward_zeros_when_long, r"dq \(its rows .* drawn at grading time\)"),
+    _fn("Saves for backward only q, k, v, o and the log-sum-exp", (F_MEMORY,),
+        make_function(make_forward(), make_backward(), save="probabilities"),
+        "read from outside your process.*Inside your process.*bytes were saved for backward"),
+    _fn("may hold no more than o, lse and a quarter of one N × N float32 tensor", (F_MEMORY,),
+        make_function(make_forward(), make_backward(), save="stash"), "read from outside your process"),
+    _fn("the gradients reaching q, k and v are compared with float64 attention and autograd", (F_VALUES,),
+        make_function(make_forward(), make_backward(tau_in_grads=False)), "the gradient of q"),
+    _fn("the block sizes and the causal flag go on ctx as plain attributes", (F_VALUES,), FunctionIgnoringCausal,
+        "same causal flag"),
+    _fn("its backward returns one gradient per input of forward", (F_VALUES,),
+        make_function(make_forward(), make_backward(), all_inputs=False), "incorrect number of gradients"),
+    _fn("backward through that very o", (F_MEMORY,), FunctionSavingNothingWhenLong, r"the gradient of q \(its rows"),
+    _tri("including inputs whose row maxima rise from key block to key block", (T_VALUES,), "no_rescale",
+         "multiply what was accumulated"),
+    _tri("if CAUSAL, columns after the row", (T_VALUES,), "causal_off_by_one", r"keys 0\.\.i.*row i see key i \+ 1"),
+    _tri("The call is not traced: its launch, loads and stores are checked", (T_MEMORY,), "torch_long",
+         "must be computed by your Triton kernel"),
+    _tri("every load and store of the last, ragged block is masked", (T_BOUNDS,), "unmasked_k",
+         "tl.load of k_ptr addressed .* past the end", label="unmasked-k"),
+    _tri("every load and store of the last, ragged block is masked", (T_BOUNDS,), "unmasked_v",
+         "tl.load of v_ptr addressed .* past the end", label="unmasked-v"),
+    _tri("every load and store of the last, ragged block is masked", (T_BOUNDS,), "unmasked_q",
+         "tl.load of q_ptr addressed .* past the end", label="unmasked-q"),
+    _tri("whose stores write every element of the o returned, and nothing else", (T_VALUES,), "unmasked_store",
+         "o for"),
+    _tri("around the launch PyTorch may only allocate, view or copy tensors", (T_VALUES,), "torch",
+         "must be computed by your Triton kernel", label="torch-only"),
+    _tri("around the launch PyTorch may only allocate, view or copy tensors", (T_VALUES,), triton_rowwise_torch,
+         "PyTorch ran .*mul.*must be computed by your Triton kernel", label="rowwise-torch"),
+    _tri("around the launch PyTorch may only allocate, view or copy tensors", (T_VALUES,), triton_copier,
+         "PyTorch ran .*must be computed by your Triton kernel", label="copier"),
+    _tri("that call's o is compared with float64 attention on rows drawn at grading time", (T_MEMORY,),
+         triton_first_block_when_long, "not one your kernel stored into"),
+]
+
+test_contract_quotes_the_notebook, test_contract_wrong_answer_loses_only_its_cells, \
+    test_contract_covers_every_graded_cell = contract_tests(CHAPTER, CONTRACT, namespace, CHECKS, globals())
