@@ -38,7 +38,8 @@
 # (Micikevicius et al. 2018) keeps what must be exact in float32 and runs the rest in 16 bits.
 #
 # **What you will learn**
-# - what fp16 and bf16 can represent, and why a gradient below $2^{-24}$ becomes exactly 0 in fp16;
+# - what fp16 and bf16 can represent, and why a gradient at or below $2^{-25}$ (half of fp16's smallest
+#   number, $2^{-24}$) becomes exactly 0 in fp16, while one just above $2^{-25}$ still rounds up to $2^{-24}$;
 # - the recipe: float32 *master weights*, a half-precision forward and backward under `torch.autocast`,
 #   and what autocast actually does to each op (measured, on this CPU);
 # - *dynamic loss scaling*: multiply the loss by $S$, divide the gradients by $S$, skip the step and
@@ -71,7 +72,9 @@ FP16_MIN_SUBNORMAL = 2.0 ** -24  # the smallest positive fp16 number: 2^-14 * 2^
 # | bf16 | 1/8/7 | $3.4 \cdot 10^{38}$ | $2^{-126}$ | $2^{-133}$ | $2^{-7}$ |
 #
 # Below $2^{-14}$, fp16 switches to *subnormal* numbers $0.m \cdot 2^{-14}$: evenly spaced by
-# $2^{-24}$, they lose one bit of precision per halving, and anything below $2^{-25}$ rounds to 0.
+# $2^{-24}$, they lose one bit of precision per halving. Rounding to nearest decides what happens
+# below the smallest one: a value above $2^{-25}$ (half of $2^{-24}$) still rounds up to $2^{-24}$,
+# $2^{-25}$ itself is a tie that goes to the even neighbour, 0, and anything below rounds to 0.
 # Above 65504 everything is `inf`. Let us check on actual casts.
 
 # %%
@@ -85,6 +88,10 @@ for name, v in zip(names, values):
     b = torch.tensor(v).bfloat16().item()
     rows.append(f"| {name} | {v:.6g} | {h:.6g} | {b:.6g} |")
 display(Markdown("| value | float32 | fp16 | bf16 |\n|---|---|---|---|\n" + "\n".join(rows)))
+for v in (2.0 ** -24, 1.5 * 2.0 ** -25, 1.01 * 2.0 ** -25, 2.0 ** -25, 0.99 * 2.0 ** -25):
+    h = torch.tensor(v).half().item()
+    print(f"{v / 2.0 ** -25:.2f} × 2^-25 in fp16: {h:.6g}"
+          + (" = 2^-24, the smallest subnormal" if h == 2.0 ** -24 else " (flushed to 0)" if h == 0 else ""))
 print("finfo fp16:", torch.finfo(torch.float16))
 print("finfo bf16:", torch.finfo(torch.bfloat16))
 
@@ -207,7 +214,8 @@ display(Markdown(
         f"{f[16]['zero']:.2%} | {f[16]['inf']:.2%} |" for t, k, med, f in underflow_rows)))
 pre_med, pre_fate = next((med, f) for t, k, med, f in underflow_rows if t == "pretrained task" and k == "activation")
 display(Markdown(f"On the task the model already solves, the median activation gradient is $2^{{{pre_med:.0f}}}$, "
-                 f"{'below' if pre_med < -24 else 'above'} fp16's $2^{{-24}}$: unscaled, {pre_fate[0]['zero']:.0%} of "
+                 f"{'at or below' if pre_med <= -25 else 'above'} $2^{{-25}}$, where fp16 rounds to 0: unscaled, "
+                 f"{pre_fate[0]['zero']:.0%} of "
                  "them would be 0 in an fp16 backward, and the weight gradients computed from them would be lost too."))
 
 # %% [markdown]
@@ -584,8 +592,8 @@ from grader.api import run_hidden; run_hidden("ch09_mixed_precision", "test_mixe
 # %% [markdown]
 # ### Your lecture notes vs what we measure: where the scale goes
 #
-# The lecture notes sum AMP up as "scale the loss, then step", which leaves open what the optimizer
-# sees. Precisely: the **loss** is multiplied by $S$, so backward produces $S\,\nabla L$; the
+# The lecture notes sum AMP up as scaling the loss and then stepping, which leaves open what the
+# optimizer sees. Precisely: the **loss** is multiplied by $S$, so backward produces $S\,\nabla L$; the
 # **gradients** are divided by $S$ (unscaled) before the optimizer reads them; the **update** is
 # therefore the float32 update, never $S$ times it. (An optimizer fed the scaled gradients would
 # step $S$ times too far with SGD; Adam would hide it, except in its $\epsilon$ and in gradient
@@ -782,6 +790,64 @@ display(Markdown(
 # magnitudes, not on the precision: the same fp16 run with `GLOBAL_TOKENS = TOKENS` keeps up with
 # float32.
 #
+# ### When the scale is too large: back-off and skipped steps
+#
+# The run above may never overflow (the line under the table says whether its scale moved), so the
+# other half of dynamic scaling, backing off, has not been seen yet. Start instead from a scale far
+# too large: the plain mean loss of each micro-batch (no share of a large batch, so gradients of the
+# size of section 3's new task), $S = 2^{24}$, and `growth_interval = 4` so that growth shows within a
+# short run. A step whose scaled gradients overflow fp16 becomes `inf` in the backward pass; your
+# `GradScaler` skips it (weights and Adam state untouched: Adam's step count does not move) and halves
+# $S$; after `growth_interval` clean steps in a row it doubles $S$ again, probing upwards, and backs off
+# once more if that overflows.
+
+# %%
+BACKOFF_STEPS, BACKOFF_INIT, BACKOFF_INTERVAL = fast(24, 16), 2.0 ** 24, 4
+
+
+def scale_history(steps=BACKOFF_STEPS, init_scale=BACKOFF_INIT, growth_interval=BACKOFF_INTERVAL):
+    """fp16 + GradScaler on plain mean losses; per step: the scale before and after, and whether Adam stepped."""
+    torch.manual_seed(0)
+    model = load_pretrained()
+    first = next(model.parameters())
+    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    scaler = GradScaler(init_scale=init_scale, growth_interval=growth_interval)
+    rows = []
+    for x, y in batches(target_train, MICRO_BATCH, steps, seed=0):
+        before, taken = scaler.get_scale(), int(opt.state[first]["step"]) if opt.state else 0
+        loss = mixed_precision_step(model, opt, scaler, x, y, lm_loss, torch.float16)
+        stepped = (int(opt.state[first]["step"]) if opt.state else 0) > taken
+        rows.append({"before": before, "after": scaler.get_scale(), "skipped": not stepped, "loss": loss})
+    return rows
+
+
+history = scale_history()
+print(" step  scale before  scale after  Adam step  loss")
+for i, r in enumerate(history):
+    print(f"{i:5d}  {r['before']:12,.0f}  {r['after']:11,.0f}  {'skipped' if r['skipped'] else 'taken':>9}  "
+          f"{r['loss']:.3f}")
+skipped = [i for i, r in enumerate(history) if r["skipped"]]
+grown = [i for i, r in enumerate(history) if r["after"] > r["before"]]
+backed_off = [i for i, r in enumerate(history) if r["after"] < r["before"]]
+display(Markdown(
+    f"From $S = 2^{{{math.log2(BACKOFF_INIT):.0f}}}$: {len(skipped)} of {len(history)} steps skipped "
+    f"(steps {', '.join(map(str, skipped)) or 'none'}), and the scale backed off at exactly those steps "
+    f"({'yes' if skipped == backed_off else 'no'}). The first step taken ran at "
+    + (f"$S = 2^{{{math.log2(history[min(set(range(len(history))) - set(skipped))]['before']):.0f}}}$"
+       if len(skipped) < len(history) else "no scale in this run")
+    + f"; the scale grew at steps {', '.join(map(str, grown)) or 'none'} and ended at "
+    f"$2^{{{math.log2(history[-1]['after']):.0f}}}$."))
+
+# %% [markdown]
+# Each skipped step costs a batch and nothing else: the weights and Adam's moments are untouched, so a
+# too-large initial scale only delays training by a few steps, one halving each. Gradients also
+# change as training goes, so a later step can overflow at a scale that was fine before: it is
+# skipped and halves the scale again. After `growth_interval` clean steps in a row the scale
+# doubles, probing upwards, and a doubling that overflows is undone by the next skipped step (the
+# table shows when this run's scale grew and which steps it skipped). With torch's default
+# `growth_interval` of 2000 a probe comes only once every 2000 clean steps, so once the scale has
+# settled, skipped steps are rare.
+#
 # ## 7. Play with it: choose the loss scale
 #
 # The histogram of $\log_2 |g|$ for the activation gradients of the pretrained task (blue) and of
@@ -844,8 +910,8 @@ plt.show()
 
 # %%
 display(Markdown(
-    "The mechanism reproduces: gradients of a model that fits its data sit below $2^{-24}$ and a loss "
-    f"scale brings them back. The scale needed differs: the paper's SSD needed 8, while our converged model's "
+    f"The mechanism reproduces: {pre_a[0]['zero']:.0%} of the activation gradients of a model that fits its data "
+    "round to 0 in fp16, and a loss scale brings them back. The scale needed differs: the paper's SSD needed 8, while our converged model's "
     f"activation gradients sit so low (median $2^{{{pre_med:.0f}}}$) that $S = 8$ still loses {pre_a[3]['zero']:.0%} "
     f"of them ($2^{{10}}$: {pre_a[10]['zero']:.0%}, $2^{{16}}$: {pre_a[16]['zero']:.1%}), which is why dynamic "
     "scaling, starting high and backing off, is the default. Without scaling, training on small-magnitude losses "
