@@ -682,34 +682,37 @@ for name, levels in (("E2M1 (a 4-bit float)", e2m1), ("NF4 (a lookup table)", nf
 # every use of the weight first **dequantizes** it (unpack, look up, multiply by the absmax),
 # which reads the 4-bit codes and *writes* a full float32 weight, and only then runs the same
 # matmul as before. So NF4 is not faster by itself; it is an extra step in front of the same
-# work. Timed on one 1024 × 1024 layer (wall clock on a shared CPU, medians of repeated runs):
+# work. Timed on one 1024 × 1024 layer (wall clock on a shared CPU: the minimum of repeated runs,
+# and a verdict that says when the repeats are too spread to tell two timings apart):
 
 # %%
-from torch.utils import benchmark
+from coursekit.timing import compare, time_it
 
+REPEATS = fast(15, 5)
 w_layer = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(4)) * 0.02
 w_packed, w_absmax = nf4_quantize(w_layer)
 timings = {}
 for batch in (1, 256):
     x_in = torch.randn(batch, 1024)
-    for name, stmt in (("float32 weight", "torch.nn.functional.linear(x, w)"),
-                       ("NF4 weight", "torch.nn.functional.linear(x, nf4_dequantize(p, a, w.shape))")):
-        timer = benchmark.Timer(stmt, globals={"torch": torch, "x": x_in, "w": w_layer, "p": w_packed,
-                                               "a": w_absmax, "nf4_dequantize": nf4_dequantize})
-        timings[name, batch] = timer.blocked_autorange(min_run_time=0.1).median
-dequant_time = benchmark.Timer("nf4_dequantize(p, a, shape)", globals={
-    "nf4_dequantize": nf4_dequantize, "p": w_packed, "a": w_absmax, "shape": w_layer.shape}
-).blocked_autorange(min_run_time=0.1).median
+    timings["float32 weight", batch] = time_it(lambda: torch.nn.functional.linear(x_in, w_layer), repeats=REPEATS)
+    timings["NF4 weight", batch] = time_it(
+        lambda: torch.nn.functional.linear(x_in, nf4_dequantize(w_packed, w_absmax, w_layer.shape)), repeats=REPEATS)
+dequant_time = time_it(lambda: nf4_dequantize(w_packed, w_absmax, w_layer.shape), repeats=REPEATS)
 for batch in (1, 256):
-    print(f"batch {batch:>3}: float32 linear {timings['float32 weight', batch] * 1e3:6.2f} ms, NF4 linear "
-          f"{timings['NF4 weight', batch] * 1e3:6.2f} ms ({timings['NF4 weight', batch] / timings['float32 weight', batch]:.1f}×)")
-print(f"the dequantize step alone: {dequant_time * 1e3:.2f} ms; it reads "
+    print(f"batch {batch:>3}: float32 linear {timings['float32 weight', batch]}, NF4 linear "
+          f"{timings['NF4 weight', batch]}\n           NF4 / float32: "
+          f"{compare(timings['NF4 weight', batch], timings['float32 weight', batch], ('NF4', 'float32'))}")
+print(f"the dequantize step alone: {dequant_time}; it reads "
       f"{(w_packed.nbytes + w_absmax.nbytes) / 2 ** 20:.2f} MB and writes {w_layer.nbytes / 2 ** 20:.0f} MB")
+for batch in (1, 256):
+    print(f"batch {batch:>3}: dequantize step / float32 linear: "
+          f"{compare(dequant_time, timings['float32 weight', batch], ('dequantize', 'linear'))}")
 
 # %% [markdown]
 # The dequantize step costs the same whatever the batch, so it weighs most when the matmul is
-# small. What NF4 saves is memory: the stored weight. Speed can come only from a kernel that fuses
-# the lookup into the matmul, so that the 4-bit codes are the only bytes read from memory and no
+# small (the last two lines: the dequantize step against the float32 linear at each batch size). What NF4
+# saves is memory: the stored weight. Speed can come only from a kernel that fuses the lookup
+# into the matmul, so that the 4-bit codes are the only bytes read from memory and no
 # float32 weight is ever written; that pays off where the matmul waits for memory (small batches on
 # a GPU), which is what the Triton kernel of section 8 prepares.
 
