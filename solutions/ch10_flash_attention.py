@@ -105,9 +105,6 @@ def launch_flash_forward(kernel, q, k, v, causal, block_m=32, block_n=32):
 # the measurements and the visible tests use it.
 
 # %%
-import statistics
-import time
-
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
@@ -157,13 +154,18 @@ with saved_tensors() as rec:
 print(f"B=1, H=2, N=512, d=64: the inputs are {3 * q.nelement() * 4 / KB:,.0f} KB, autograd saved:")
 for t in rec.tensors:
     print(f"  {str(list(t.shape)):>18} {str(t.dtype):>14} {t.nbytes / KB:8,.0f} KB")
+n_by_n = [t for t in rec.tensors if list(t.shape[-2:]) == [512, 512]]
 print(f"total {rec.activation_bytes / KB:,.0f} KB, of which N×N tensors "
-      f"{sum(t.nbytes for t in rec.tensors if list(t.shape[-2:]) == [512, 512]) / KB:,.0f} KB")
+      f"{sum(t.nbytes for t in n_by_n) / KB:,.0f} KB: "
+      + ", ".join(f"{str(t.dtype)[6:]} {list(t.shape)}" for t in n_by_n))
 
 # %% [markdown]
-# The $(2, 512, 512)$ tensors dwarf everything else: the softmax output $P$ (kept by the softmax and
-# by the last matmul, one storage) and the scaled scores. Double $N$ and they quadruple. At $N = 16$K
-# with 16 heads, one layer's $P$ alone is 16 GB in fp32.
+# The $N \times N$ tensors dwarf everything else: the softmax output $P$, one float32 number per
+# score and head (kept by the softmax and by the last matmul, one storage), and the boolean causal
+# mask, one byte per score, shared by the heads (kept by `masked_fill` for its backward). The scores
+# $S$ themselves are not kept: the division by $\sqrt d$ needs only its constant, the mask only where
+# it was applied, and the softmax's backward reads its output $P$. Double $N$ and the $N \times N$
+# tensors quadruple. At $N = 16$K with 16 heads, one layer's $P$ alone is 16 GB in fp32.
 #
 # ### Your lecture notes vs what we measure: the $1/\sqrt d$ in the scores
 #
@@ -983,14 +985,31 @@ ax.set_ylabel("ratio (×)")
 fig.tight_layout()
 plt.show()
 
+# %%
+from coursekit.timing import compare, distinct, time_it
+
+N_TIME = fast(1024, 512)
+q, k, v = qkv(B=1, H=2, N=N_TIME, d=64)
+with torch.no_grad():
+    cpu_naive = time_it(lambda: attention_naive(q, k, v), repeats=fast(7, 3))
+    cpu_tiled = time_it(lambda: flash_attention_forward(q, k, v, block_q=128, block_k=128), repeats=fast(7, 3))
+print(f"forward on this CPU, B=1, H=2, N={N_TIME:,}, d=64: naive {cpu_naive}, tiled (blocks of 128) {cpu_tiled}")
+print("tiled / naive:", compare(cpu_tiled, cpu_naive, ("tiled", "naive")))
+faster = "faster" if cpu_tiled.best < cpu_naive.best else "slower"
+display(Markdown(f"On this CPU the tiled PyTorch forward is {faster} than the naive one, "
+                 + ("beyond the spread of the repeats." if distinct(cpu_tiled, cpu_naive) else
+                    "but within the spread of the repeats: no speed difference can be claimed either way.")))
+
 # %% [markdown]
 # The FLOP price of recomputation reproduces (our count is matmuls only; the paper's also counts
 # the softmax and masking). The memory saving reproduces in kind: linear against quadratic, the ratio
 # doubling with each doubling of $N$; its size depends on $N$ (the paper's 20× is at its longest
 # sequences). The traffic ratio is a model here, not a measurement: bytes moved through HBM, and the
-# speedups that follow from them, only exist on a GPU. On this CPU every "tile" is a separate PyTorch
-# call and nothing stays in SRAM, so the tiled PyTorch version is slower than the naive one: the
-# algorithm wins only when the tile lives on chip, which is what the Triton kernel is for.
+# speedups that follow from them, only exist on a GPU. On this CPU every "tile" is a few separate
+# PyTorch calls, each writing its result to memory: whatever difference the timing above shows (its
+# last line says whether the repeats can carry it) comes from the CPU's caches and from not
+# allocating $N \times N$ tensors, not from keeping tiles in SRAM, and predicts nothing for a GPU.
+# There the algorithm wins when the tile lives on chip, which is what the Triton kernel is for.
 #
 # ## 10. Summary
 #
