@@ -242,7 +242,8 @@ class InvertedResidual(nn.Module):
 
 
 class TransferMobileNet(FrozenNormsStayEval):
-    """A small MobileNetV2 for 32×32 greyscale images: (B, 1, H, W) → (B, num_classes), any H, W.
+    """A small MobileNetV2 for 16×16 greyscale images (``MOBILENET_SIZE``, the size the course pretrains and
+    fine-tunes it on): (B, 1, H, W) → (B, num_classes), any H, W.
 
     ``stem`` (a :class:`ConvBlock`, 3×3 stride 2) → ``blocks`` (:class:`InvertedResidual`, expansion
     ``expansion``) → global average pool → ``classifier``. The stem is not one of ``blocks``: as in

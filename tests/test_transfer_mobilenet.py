@@ -5,6 +5,8 @@ tests also hold the chapter's promise that ``apply_tinytl`` works unchanged on `
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -50,6 +52,14 @@ def test_shapes_widths_and_residuals():
     assert shapes == [(8, 8, 8), (16, 4, 4), (16, 4, 4), (24, 2, 2), (24, 2, 2)]
     with pytest.raises(ValueError, match="same length"):
         TransferMobileNet(widths=(8, 16), strides=(1,))
+
+
+def test_docstring_states_the_size_the_course_runs():
+    """The class's docstring names the image size it is pretrained and fine-tuned on, and no other."""
+    doc = TransferMobileNet.__doc__
+    assert f"{MOBILENET_SIZE}×{MOBILENET_SIZE}" in doc and "MOBILENET_SIZE" in doc
+    sizes = {int(a) for a, b in re.findall(r"(\d+)×(\d+) greyscale", doc) if a == b}
+    assert sizes == {MOBILENET_SIZE}, f"the docstring states {sizes} pixels a side, the course runs {MOBILENET_SIZE}"
 
 
 def test_one_act_module_serves_both_activations():
