@@ -68,7 +68,7 @@ def round_via_bf16(x):
 
 
 def make_absmax_quantize(range_mode="symmetric", drop_last=False, check="type and range", flat_codes=False,
-                         rounding="round", zero_guard=True):
+                         rounding="round", zero_guard=True, pad="zeros"):
     def absmax_quantize(x, bits, block_size):
         if check == "type and range" and (type(bits) is not int or bits < 2 or bits > 8 or type(block_size) is not int
                                           or block_size < 1):
@@ -79,6 +79,8 @@ def make_absmax_quantize(range_mode="symmetric", drop_last=False, check="type an
         flat = x.reshape(-1).double()
         n_blocks = flat.numel() // block_size if drop_last else math.ceil(flat.numel() / block_size)
         padded = torch.nn.functional.pad(flat, (0, n_blocks * block_size - flat.numel()))
+        if pad == "last value" and flat.numel() < padded.numel():  # wrong: the padding repeats the last value
+            padded[flat.numel():] = flat[-1]
         blocks = padded[:n_blocks * block_size].reshape(n_blocks, block_size)
         amax = blocks.abs().max(dim=1).values.float().double()
         if not zero_guard:  # wrong: a floor on the scale, so that an all-zero block's scale is not 0
@@ -177,7 +179,7 @@ class _Dequantized(torch.autograd.Function):
 
 
 def make_qlora(quantize, dequantize, keep="nothing", scaling="alpha/rank", cache=False, bias_trainable=False,
-               unpacked=False, custom_backward=False, rank_check="type and sign", base_path=True):
+               unpacked=False, custom_backward=False, rank_check="type and sign", base_path=True, init="kaiming"):
     class QLoRALinear(nn.Module):
         def __init__(self, base, rank, alpha, block_size=64):
             super().__init__()
@@ -204,7 +206,10 @@ def make_qlora(quantize, dequantize, keep="nothing", scaling="alpha/rank", cache
             else:
                 self.bias = None
             self.lora_A = nn.Parameter(torch.empty(rank, base.in_features))
-            nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+            if init == "kaiming":
+                nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+            else:  # wrong: a standard normal A, far outside ±1/sqrt(in_features)
+                nn.init.normal_(self.lora_A)
             self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank))
             self.scaling = alpha / rank if scaling == "alpha/rank" else float(alpha)
             self.use_original = keep in ("base", "frozen base")
@@ -477,6 +482,8 @@ CONTRACT = [
            "pad the last"),
     Clause(AQ, "(round half to even, like ``torch.round``)", (AQ_EDGE,),
            _w(AQ, make_absmax_quantize(rounding="half away")), "round half to even"),
+    Clause(AQ, "the padding after the last value holds code 0", (AQ_EDGE,),
+           _w(AQ, make_absmax_quantize(pad="last value")), "padding after the last value holds code 0"),
     Clause(AQ, "(0 for an all-zero block, whose codes are all 0)", (AQ_EDGE,),
            _w(AQ, make_absmax_quantize(zero_guard=False)), "all-zero"),
     Clause(AQ, "ValueError: if ``bits`` is not an int in 2..8 or ``block_size`` is not an int >= 1", (AQ_EDGE,),
@@ -532,6 +539,8 @@ CONTRACT = [
            (Q_MEMORY,), _w(QL, _skip_frozen_when_large()), "far more than NF4's rounding"),
     Clause(QL, "the output, the input gradient and the gradients of lora_A and lora_B against a float64 reference",
            (Q_VALUES,), _qlora(base_path=False), "", label="no-base-path"),
+    Clause(QL, "``nn.init.kaiming_uniform_(A, a=math.sqrt(5))``", (Q_VALUES,), _qlora(init="normal"),
+           "initialised like nn.Linear's weight"),
     Clause(QL, "``self.scaling = alpha / rank``", (Q_VALUES,), _qlora(scaling="alpha"), "alpha / rank"),
     Clause(QL, "the base bias, frozen (``requires_grad=False``)", (Q_VALUES,), _qlora(bias_trainable=True),
            "trainable parameters"),

@@ -31,7 +31,7 @@ def make_scaler(no_skip=False, zero_instead=False, grow_late=False, grow_early=F
                 crash_on_missing_grad=False, scale_uses_init=False, grow_to_inf=False, no_value_checks=False,
                 step_twice_ok=False, update_without_step_ok=False, no_step_return=False, no_step_args=False,
                 scale_tensor=False, step_returns_flag=False, check_first=None, check_every=None, skip_end=None,
-                skip_above=0):
+                skip_above=0, unscale_after_step_ok=False):
     class Scaler:
         def __init__(self, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
             if not no_value_checks:
@@ -84,6 +84,8 @@ def make_scaler(no_skip=False, zero_instead=False, grow_late=False, grow_early=F
                 out = None
             else:
                 out = opt.step(*args, **kwargs)
+            if unscale_after_step_ok:  # wrong: forgets that this optimizer was unscaled, so unscale_ may follow step
+                self.unscaled.discard(id(opt))
             if update_in_step:
                 self._update()
             if step_returns_flag:  # "did it step?"
@@ -387,6 +389,8 @@ CONTRACT = [
             no_value_checks=True),
     _scaler("a second call raises RuntimeError, like torch's", (INTERFACE,), "a second unscale_",
             second_unscale_ok=True),
+    _scaler("RuntimeError if called twice for this optimizer before ``update()``, or after its ``step()``",
+            (INTERFACE,), "after step\\(optimizer\\)", unscale_after_step_ok=True),
     _scaler("RuntimeError if called twice for this optimizer before ``update()``", (INTERFACE,), "a second step",
             step_twice_ok=True),
     _scaler("RuntimeError if no ``step()`` or ``unscale_()`` came since the last update", (INTERFACE,),
