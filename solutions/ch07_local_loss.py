@@ -8,6 +8,7 @@
 #       - 'CIFAR-10 VGG8b: 94.42% vs 94.01% (error 5.58 vs 5.99)'  # Nøkland & Eidnes, README (test error)
 #       - 'CIFAR-10: 91.60% / 92.84%, both below predsim'  # pred and sim alone: 100 − 8.40, 100 − 7.16
 #       - '85.05% vs 85.2–85.6%'  # DGL's released logs, CIFAR-10 3-layer CNN
+#       - '95% interval over'  # the confidence level of the printed interval (a definition)
 #   jupytext:
 #     text_representation:
 #       extension: .py
@@ -297,8 +298,10 @@ def predsim_loss(h: torch.Tensor, y: torch.Tensor, sim_head: nn.Module, pred_hea
         A 0-dim tensor, differentiable with respect to h and both heads' parameters.
 
     Graded on: value and gradients (h, both heads) for beta = 0.99, 0.5 and 0.3 (B = 37, float64,
-    Linear heads); conv maps (B, C, H, W) with a Conv2d sim head; beta = 0 and beta = 1; the
-    ValueErrors. Each graded cell may use 60 s and 4 GiB.
+    Linear heads) and on a batch whose similarities already match its labels' (where S(onehot)
+    shows to the last digits, so the one-hot must be in h's dtype); conv maps (B, C, H, W) with a
+    Conv2d sim head; beta = 0 and beta = 1; a batch that lacks the last classes (the one-hot still
+    has num_classes columns); the ValueErrors. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0:
@@ -361,6 +364,31 @@ print("visible checks passed")
 ### BEGIN HIDDEN TESTS
 from grader.api import run_hidden; run_hidden("ch07_local_loss", "test_predsim_loss_edge_cases", globals())
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# > **Your lecture notes vs what we measure.** The notes say that a block's auxiliary head
+# > outputs as many dimensions as the network's final output. That is true of the *prediction*
+# > head only: it is a small classifier, so it has one output per class like the last layer. The
+# > *similarity* head maps the block's own features to features of the same width, and what the
+# > loss compares is a batch-by-batch matrix, whose size depends on the batch, not on the
+# > classes. The cell below builds a head for a wide block and prints each shape.
+
+# %%
+lecture_block = LocalBlock(X_TRAIN.shape[1], 512)
+lecture_head = PredSimHead(512, 10)  # a block of 512 units, 10 classes (the digits)
+lecture_h, _ = lecture_block(X_TRAIN[:50])
+lecture_shapes = {
+    "block activation h": tuple(lecture_h.shape),
+    "pred_head(h): the auxiliary classifier": tuple(lecture_head.pred_head(lecture_h).shape),
+    "final output (the Classifier)": tuple(Classifier(512, 10)(lecture_h)[0].shape),
+    "sim_head(h): the block's own features": tuple(lecture_head.sim_head(lecture_h).shape),
+    "S(sim_head(h)), what L_sim compares": tuple(similarity_matrix(lecture_head.sim_head(lecture_h)).shape),
+}
+for name, shape in lecture_shapes.items():
+    print(f"{name:>40}: {shape}")
+assert lecture_shapes["pred_head(h): the auxiliary classifier"] == lecture_shapes["final output (the Classifier)"]
+assert lecture_shapes["sim_head(h): the block's own features"] == lecture_shapes["block activation h"]
+print("the prediction head's output matches the final output's width; the similarity head's matches the block's")
 
 # %% [markdown]
 # ## 3. The local training step
@@ -703,7 +731,11 @@ for name, acc in accuracy.items():
 # $8/G$ layers, each block with its own predsim head: $G = 1$ is end-to-end backprop, $G = 8$
 # trains every layer greedily on its own loss. A greedy layer only keeps what its own small
 # head can use right away; what later layers would need but the head does not reward is lost
-# for good, and thin layers have little room for it.
+# for good, and thin layers have little room for it. That is the literature's argument that too
+# many local losses hurt. Here we test it: each seed trains $G = 2$ and $G = 8$ from the same
+# initialisation and the same batches, and the cell prints the per-seed difference with an
+# interval (mean ± t × standard error over the seeds). A trend counts only if the interval
+# excludes zero.
 
 # %%
 class Group(nn.Module):
@@ -720,8 +752,9 @@ class Group(nn.Module):
 
 
 THIN_LAYERS, THIN_WIDTH = 8, 32
-GROUPS = [1, 2, 4, 8]
-SEEDS = fast([0, 1], [0])
+GROUPS = [1, 2, 8]
+SEEDS = fast([0, 1, 2], [0])
+T_975 = {1: float("nan"), 2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36}  # Student's t, 95 %, by n
 
 
 def grouped_network(n_groups: int, seed: int):
@@ -735,26 +768,32 @@ def grouped_network(n_groups: int, seed: int):
     return blocks, heads
 
 
-group_acc = {g: float(np.mean([train_local(*grouped_network(g, s)) for s in SEEDS]))
-             for g in tqdm(GROUPS, desc="groups", leave=False)}
+runs = {(g, s): train_local(*grouped_network(g, s)) for g, s in
+        tqdm([(g, s) for s in SEEDS for g in GROUPS], desc="groups", leave=False)}
+group_acc = {g: float(np.mean([runs[g, s] for s in SEEDS])) for g in GROUPS}
 for g, acc in group_acc.items():
     print(f"{g} loss{'es' if g > 1 else '  '} ({THIN_LAYERS // g} layer{'s' if g < THIN_LAYERS else ''} per block): "
-          f"test accuracy {acc:.1%} (mean of {len(SEEDS)} seed{'s' if len(SEEDS) > 1 else ''})")
-best = max(group_acc, key=group_acc.get)
-after_best = [g for g in GROUPS if g >= best]
-falling = all(group_acc[a] >= group_acc[b] for a, b in zip(after_best, after_best[1:]))
-print(f"\nbest: {best} loss{'es' if best > 1 else ''} ({group_acc[best]:.1%}); beyond it, every further split "
-      f"{'costs' if falling else 'does not always cost'} accuracy, down to {group_acc[THIN_LAYERS]:.1%} with "
-      f"{THIN_LAYERS} greedy layers ({group_acc[THIN_LAYERS] - group_acc[best]:+.1%}); end-to-end backprop of this "
-      f"thin stack: {group_acc[1]:.1%} after {EPOCHS} epochs")
+          f"test accuracy {acc:.1%} (mean of {len(SEEDS)} seed{'s' if len(SEEDS) > 1 else ''}: "
+          f"{', '.join(f'{runs[g, s]:.1%}' for s in SEEDS)})")
+# The paired difference, seed by seed: same initial layers, same batches.
+few, many = 2, THIN_LAYERS
+diffs = np.array([runs[few, s] - runs[many, s] for s in SEEDS])
+half = T_975[len(diffs)] * diffs.std(ddof=1) / np.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+trend = diffs.mean() - half > 0
+verdict = ("the interval excludes zero: more local losses cost accuracy here" if trend else
+           "the interval includes zero: the trend does not reproduce here")
+print(f"\n{few} losses − {many} greedy layers: {100 * diffs.mean():+.1f} ± {100 * half:.1f} accuracy points "
+      f"(95% interval over {len(diffs)} seed{'s' if len(diffs) > 1 else ''}); {verdict}")
+print(f"end-to-end backprop of this thin stack: {group_acc[1]:.1%} after {EPOCHS} epochs")
 
 # %% [markdown]
-# The printed lines compare one greedy layer per loss with fewer, deeper blocks; the literature
-# reports the same direction (too many local losses hurt accuracy). End-to-end backprop of the
-# thin stack is a different story in a handful of epochs: its gradient must cross all eight
-# thin layers, while each local loss gives its block a short path, so here it may even come last
-# (the last printed number). On a task this small the differences are a few points and move
-# with the seed (one point is a handful of test images), so read the mean over seeds.
+# On the digits the trend does not reproduce: in our runs the interval of "2 losses − 8 greedy
+# layers" includes zero (the printed line has this run's verdict). Either the argument needs harder tasks than the
+# digits (the papers' gap shows on CIFAR-10 with much deeper stacks) or a thin layer already
+# keeps enough for the next one here; what we can say is that we do not measure a cost. End-to-end
+# backprop of the thin stack is a different story in a handful of epochs: its gradient must
+# cross all eight thin layers, while each local loss gives its block a short path, so here it
+# comes well below both (the last printed line).
 #
 # ## 6. The schedule: who waits for whom
 #
@@ -762,17 +801,19 @@ print(f"\nbest: {best} loss{'es' if best > 1 else ''} ({group_acc[best]:.1%}); b
 # $f_k$ and backward $b_k$ (its local head included in the local case). Start times, for
 # batches $t = 0, 1, \dots, T-1$, when every worker does its own block's work in order:
 #
-# **End-to-end backprop.** Forward start $F_{k,t} = \max(F_{k-1,t} + f_{k-1},\; U_{k,t-1})$:
-# the input must exist and the worker must have finished (and applied) the previous batch's
-# update, $U_{k,t} = B_{k,t} + b_k$. The last block starts its backward right after its forward,
-# $B_{K-1,t} = F_{K-1,t} + f_{K-1}$, and every other block waits for the block above,
-# $B_{k,t} = B_{k+1,t} + b_{k+1}$.
+# **End-to-end backprop.** Block $k$'s forward on batch $t$ needs block $k-1$'s output of that
+# batch, and its worker must have finished (and applied) block $k$'s update of batch $t-1$. The
+# backward goes the other way: the last block starts it right after its forward, every other
+# block waits for the gradient from the block above.
 #
 # **Decoupled greedy learning (DGL).** Block $k$ does forward, local backward and update in one
-# go, and passes its detached output on as soon as its *forward* is done:
-# $F_{k,t} = \max(F_{k,t-1} + f_k + b_k,\; F_{k-1,t} + f_{k-1})$, $B_{k,t} = F_{k,t} + f_k$.
+# go, and passes its detached output on as soon as its *forward* is done: it waits for its own
+# previous batch and for block $k-1$'s forward, never for anyone's backward.
 #
-# Terms that refer to $k = -1$ or $t = -1$ are left out, and $F_{0,0} = 0$. The makespan is
+# Writing these rules as start times $F_{k,t}$ (forward) and $B_{k,t}$ (backward) is the
+# exercise; the docstrings list the rules one by one.
+#
+# The first forward starts at $F_{0,0} = 0$. The makespan is
 # the end of the last backward. Backprop's is $T \sum_k (f_k + b_k)$ whatever the durations
 # (one block works at a time); DGL's is at most $(T + K - 1)\max_k (f_k + b_k)$, and with $K$
 # equal blocks exactly $(K - 1) f + T (f + b)$: close to $K$ times shorter when $T \gg K$.
@@ -786,9 +827,14 @@ def bp_schedule(fwd: list, bwd: list, n_batches: int) -> tuple[list[list], list[
             block k's forward and backward time for one batch.
         n_batches: T, a positive int (a bool is refused).
 
-    Recurrences (terms for k - 1 < 0 or t - 1 < 0 left out; F[0][0] = 0):
-        F[k][t] = max(F[k-1][t] + fwd[k-1], B[k][t-1] + bwd[k])
-        B[K-1][t] = F[K-1][t] + fwd[K-1];  B[k][t] = B[k+1][t] + bwd[k+1] for k < K - 1
+    Who waits for whom (F[0][0] = 0; every task starts as soon as what it waits for is done):
+        - block k's forward on batch t waits for block k - 1's forward on batch t (its input; not
+          for block 0) and for block k's own backward on batch t - 1 (the worker must have
+          finished and applied the previous update; not for t = 0);
+        - the last block's backward on batch t starts as soon as its own forward on batch t ends;
+        - every other block's backward on batch t waits for block k + 1's backward on batch t
+          (the gradient comes from the block above).
+    Deriving the start times from these rules is the exercise.
 
     Returns:
         ``(F, B)``, a tuple of two lists, each holding K lists of T start times: F[k][t] is when
@@ -860,10 +906,13 @@ def dgl_schedule(fwd: list, bwd: list, n_batches: int) -> tuple[list[list], list
             block k's forward and local backward (with its head) for one batch.
         n_batches: T, a positive int (a bool is refused).
 
-    Recurrences (terms for k - 1 < 0 or t - 1 < 0 left out; F[0][0] = 0): block k waits only
-    for its own previous batch and for block k - 1's *forward*, never for its backward:
-        F[k][t] = max(F[k][t-1] + fwd[k] + bwd[k], F[k-1][t] + fwd[k-1])
-        B[k][t] = F[k][t] + fwd[k]
+    Who waits for whom (F[0][0] = 0; every task starts as soon as what it waits for is done):
+        - block k's forward on batch t waits for block k - 1's *forward* on batch t (the detached
+          output is sent as soon as it exists; not for block 0) and for block k's own forward and
+          local backward on batch t - 1 (one worker, one task at a time; not for t = 0);
+        - block k's local backward on batch t starts as soon as its own forward on batch t ends;
+        - no block ever waits for another block's backward.
+    Deriving the start times from these rules is the exercise.
 
     Returns:
         ``(F, B)``, a tuple of two lists, each holding K lists of T start times (as in
@@ -1072,8 +1121,9 @@ rows = [
     ("DGL vs end-to-end, CIFAR-10 3-layer CNN", "85.05% vs 85.2–85.6%", "(not run here)"),
     (f"activation memory, {deepest} blocks of 512 (peak resident)", "grows with depth for BP, ~one block for local",
      f"{bp_peak[deepest] / KB:,.0f} KB vs {local_peak[deepest] / KB:,.0f} KB ({bp_peak[deepest] / local_peak[deepest]:.1f}× less)"),
-    (f"{THIN_LAYERS} greedy layers vs best grouping", "too many local losses hurt",
-     f"{group_acc[THIN_LAYERS]:.1%} vs {group_acc[best]:.1%} ({best} loss{'es' if best > 1 else ''})"),
+    (f"{THIN_LAYERS} greedy layers vs 2 losses", "too many local losses hurt",
+     f"{group_acc[THIN_LAYERS]:.1%} vs {group_acc[2]:.1%}: {100 * diffs.mean():+.1f} ± {100 * half:.1f} points"
+     f" ({'reproduces' if trend else 'within noise'})"),
     (f"makespan, {FLAT_K} equal blocks (b = 2f), {FLAT_T} batches", "T·Σ(f+b) vs ≤ (T+K−1)·max(f+b)",
      f"{span_bp} vs {span_dgl} ({float(span_bp / span_dgl):.2f}×)"),
 ]
@@ -1105,4 +1155,5 @@ plt.show()
 #   packed make local learning look worse than backprop.
 # - Backward and update locking are gone, forward locking remains: with one worker per block the
 #   makespan drops from $T\sum_k(f_k+b_k)$ to at most $(T+K-1)\max_k(f_k+b_k)$.
-# - Too many greedy blocks can cost accuracy: each layer keeps only what its own head rewards.
+# - Too many greedy blocks can cost accuracy, the literature argues (each layer keeps only what
+#   its own head rewards); on the digits we measure no such cost beyond the noise of the seeds.

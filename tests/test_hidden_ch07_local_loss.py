@@ -22,6 +22,7 @@ from grader.resources import Meter
 from grader.sandbox import judge
 
 from wrong_submissions_ch07_local_loss import MEMORY_WRONG, SIZE_SWITCH_WRONG, WRONG
+from contract_tables import Clause, contract_tests
 from sandbox_checks import LIMITS, program, sandbox_tests
 
 CHAPTER = "ch07_local_loss"
@@ -152,7 +153,9 @@ def test_solution_and_second_implementation_agree_on_the_notebook_examples():
 
 # --- wrong similarity_matrix ---------------------------------------------------------------------------
 def make_similarity(centre=True, normalise=True, std=True, hw_rule="hw", biased=False, eps=1e-8, dtype=None,
-                    detach=False, validate=True):
+                    detach=False, validate=True, min_channels=4, three_d=False, clamp=True, detach_norm=False):
+    """``three_d``: a 3-D (B, C, L) h with C > 3 is reduced to stds over L too; ``min_channels``: the smallest C
+    reduced to stds (the text: C > 3)."""
     def sim(h):
         if validate and h.dim() < 2:
             raise ValueError("need a batch")
@@ -160,7 +163,9 @@ def make_similarity(centre=True, normalise=True, std=True, hw_rule="hw", biased=
             h = h.reshape(1, -1)
         spatial = {"hw": h.dim() == 4 and h.shape[2] * h.shape[3] > 1,
                    "h": h.dim() == 4 and h.shape[2] > 1}[hw_rule]
-        if std and h.dim() == 4 and h.shape[1] > 3 and spatial:
+        if three_d and h.dim() == 3 and h.shape[1] >= min_channels and h.shape[2] > 1:
+            z = h.std(dim=2, correction=0 if biased else 1)
+        elif std and h.dim() == 4 and h.shape[1] >= min_channels and spatial:
             z = h.flatten(2).std(dim=2, correction=0 if biased else 1)
         else:
             z = h.flatten(1)
@@ -169,8 +174,9 @@ def make_similarity(centre=True, normalise=True, std=True, hw_rule="hw", biased=
         if centre:
             z = z - z.mean(1, keepdim=True)
         if normalise:
-            z = z / (eps + z.norm(dim=1, keepdim=True))
-        s = (z @ z.T).clamp(-1, 1)
+            norm = z.norm(dim=1, keepdim=True)
+            z = z / (eps + (norm.detach() if detach_norm else norm))
+        s = (z @ z.T).clamp(-1, 1) if clamp else z @ z.T
         return s.to(dtype) if dtype is not None else s
     return sim
 
@@ -202,16 +208,31 @@ def test_conv_cell_also_needs_centring():
 
 
 # --- wrong predsim_loss ------------------------------------------------------------------------------
-def make_predsim(swap=False, sim_on_h=False, mse="mean", validate=True, default_beta=0.99, flatten=True):
+def corrcoef_similarity(h):
+    """S from torch.corrcoef (no 1e-8 beside the norm), conv maps reduced to stds as the text says."""
+    if h.dim() < 2:
+        raise ValueError("need a batch")
+    z = h.flatten(2).std(dim=2) if h.dim() == 4 and h.shape[1] > 3 and h.shape[2] * h.shape[3] > 1 else h.flatten(1)
+    return torch.corrcoef(z).reshape(len(h), len(h)).clamp(-1, 1)
+
+
+def make_predsim(swap=False, sim_on_h=False, mse="mean", validate=True, default_beta=0.99, flatten=True,
+                 validate_y=True, onehot="h", width=True, similarity=None, detach=None):
+    """``onehot``: "h" (h's dtype) or "float32"; ``width=False``: F.one_hot(y) without num_classes; ``similarity``: S
+    used instead of similarity_matrix; ``detach``: "sim" or "pred", h detached before that head."""
     def loss_fn(h, y, sim_head, pred_head, num_classes, beta=default_beta):
         if validate and not 0 <= beta <= 1:
             raise ValueError("beta")
-        if validate and (y.dim() != 1 or len(y) != len(h)):
+        if validate and validate_y and (y.dim() != 1 or len(y) != len(h)):
             raise ValueError("y")
-        S = NS["similarity_matrix"]
-        diff = S(h if sim_on_h else sim_head(h)) - S(F.one_hot(y, num_classes).to(h.dtype))
+        S = similarity or NS["similarity_matrix"]
+        labels = F.one_hot(y, num_classes) if width else F.one_hot(y)
+        target = S(labels.float()).to(h.dtype) if onehot == "float32" else S(labels.to(h.dtype))
+        h_sim = h.detach() if detach == "sim" else h
+        diff = S(h_sim if sim_on_h else sim_head(h_sim)) - target
         sim = (diff ** 2).mean() if mse == "mean" else (diff ** 2).sum()
-        pred = F.cross_entropy(pred_head(h.flatten(1) if flatten else h), y)
+        h_pred = h.detach() if detach == "pred" else h
+        pred = F.cross_entropy(pred_head(h_pred.flatten(1) if flatten else h_pred), y)
         return beta * pred + (1 - beta) * sim if swap else (1 - beta) * pred + beta * sim
     return loss_fn
 
@@ -466,3 +487,258 @@ def test_sandbox_memory_wrong_loses_only_its_memory_cell(wrong):
                                 checks=CHECKS)
     assert not outcomes[memory].passed and "read from outside your process" in outcomes[memory].reason
     assert all(outcomes[gid].passed for gid in cells if gid != memory), {gid: outcomes[gid].reason for gid in cells}
+
+
+# --- every variant the text allows gets full marks, over several seeds ------------------------------------------
+def _solution_similarity(h, correction=1, via_var=False):
+    """The course's style: std over space with the given correction (biased = 0), matmul, clamp."""
+    if h.dim() < 2:
+        raise ValueError("need a batch")
+    if h.dim() == 4 and h.shape[1] > 3 and h.shape[2] * h.shape[3] > 1:
+        flat = h.flatten(2)
+        z = flat.var(dim=2, correction=correction).sqrt() if via_var else flat.std(dim=2, correction=correction)
+    else:
+        z = h.flatten(1)
+    z = z - z.mean(dim=1, keepdim=True)
+    z = z / (1e-8 + z.norm(dim=1, keepdim=True))
+    return (z @ z.t()).clamp(-1, 1)
+
+
+ALLOWED_SIMILARITY = {  # "std; biased or unbiased gives the same S", written in several ways
+    "unbiased std": functools.partial(_solution_similarity, correction=1),
+    "biased std": functools.partial(_solution_similarity, correction=0),
+    "biased var().sqrt()": functools.partial(_solution_similarity, correction=0, via_var=True),
+    "unbiased, einsum and vector_norm": similarity_matrix,
+    "biased, einsum and vector_norm": make_similarity(biased=True),
+}
+def predsim_skipping_zero_terms(h, y, sim_head, pred_head, num_classes, beta=0.99):
+    """Correct too: a term whose weight is 0 is not computed (its head gets no gradient, the formula's is zero)."""
+    if not 0 <= beta <= 1:
+        raise ValueError("beta")
+    if y.dim() != 1 or len(y) != len(h):
+        raise ValueError("y")
+    if beta == 0:
+        return F.cross_entropy(pred_head(h.flatten(1)), y)
+    sim = F.mse_loss(NS["similarity_matrix"](sim_head(h)),
+                     NS["similarity_matrix"](F.one_hot(y, num_classes).to(h.dtype)))
+    return sim if beta == 1 else (1 - beta) * F.cross_entropy(pred_head(h.flatten(1)), y) + beta * sim
+
+
+ALLOWED_PREDSIM = {"one_hot and mse_loss": make_predsim(), "eye and mean of squares": predsim_loss,
+                   "zero-weighted terms skipped": predsim_skipping_zero_terms}
+VARIANT_SEEDS = (0, 1000, 2000, 3000, 4000, 5000)
+
+
+@pytest.mark.parametrize("offset", VARIANT_SEEDS)
+def test_every_allowed_variant_gets_full_marks(offset, monkeypatch):
+    """The similarity and predsim cells accept each way of computing S the text allows (the std over space biased or
+    unbiased), alone and under either correct predsim_loss, for every seed offset: their tolerances come from how far
+    the allowed variants' references lie apart, so none loses a point to the 1e-8 beside the norm."""
+    monkeypatch.setattr(ch07, "SEED_OFFSET", offset)
+    failures = {}
+    for s_name, sim in ALLOWED_SIMILARITY.items():
+        for p_name, loss in ALLOWED_PREDSIM.items():
+            ns = namespace(similarity_matrix=sim, predsim_loss=loss)
+            cells = GRADE_IDS["predsim_loss"] + (GRADE_IDS["similarity_matrix"] if p_name == "one_hot and mse_loss"
+                                                 else [])
+            for cell in cells:
+                try:
+                    CHECKS[cell](ns)
+                except AssertionError as e:
+                    failures[(s_name, p_name, cell)] = str(e)[:300]
+    assert not failures, failures
+
+
+def test_the_allowed_variants_differ_where_the_checks_look():
+    """The biased and unbiased std are not the same computation: their similarity gradients on the conv cell's maps
+    differ by more than the untouched float64 tolerance (which is why the tolerance is widened by their spread)."""
+    h = torch.randn(6, 5, 4, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    grads = []
+    for correction in (0, 1):
+        x = h.clone().requires_grad_(True)
+        _solution_similarity(x, correction=correction).sum().backward()
+        grads.append(x.grad)
+    assert (grads[0] - grads[1]).abs().max() > ch07.TOL["atol"]
+
+
+# --- each hint only where its diagnosis is observed ---------------------------------------------------------------
+DETACH = "no detach inside the loss"
+
+
+@pytest.mark.parametrize("wrong, cell, expected", [
+    (make_predsim(onehot="float32"), "test_predsim_loss_values", "rounding S\\(onehot\\) to float32"),
+    (make_predsim(onehot="float32"), "test_predsim_loss_conv", "rounding S\\(onehot\\) to float32"),
+    (make_predsim(similarity=corrcoef_similarity), "test_predsim_loss_values", "without the 1e-8"),
+    (make_predsim(similarity=corrcoef_similarity), "test_predsim_loss_conv", "without the 1e-8"),
+], ids=["float32-onehot-values", "float32-onehot-conv", "corrcoef-values", "corrcoef-conv"])
+def test_rounding_level_mistakes_are_not_called_a_detach(wrong, cell, expected):
+    with pytest.raises(AssertionError, match=expected) as e:
+        CHECKS[cell](namespace(predsim_loss=wrong))
+    assert DETACH not in str(e.value)
+
+
+@pytest.mark.parametrize("sim", [make_similarity(biased=True), corrcoef_similarity], ids=["biased", "corrcoef"])
+def test_similarity_variants_are_not_called_non_differentiable(sim):
+    ns = namespace(similarity_matrix=sim)
+    for cell in GRADE_IDS["similarity_matrix"][:2]:
+        try:
+            CHECKS[cell](ns)
+        except AssertionError as e:
+            assert "differentiable" not in str(e) and "without the 1e-8" in str(e), str(e)
+
+
+@pytest.mark.parametrize("part", ["sim", "pred"])
+def test_a_detach_inside_the_loss_is_named(part):
+    with pytest.raises(AssertionError, match=DETACH):
+        CHECKS["test_predsim_loss_values"](namespace(predsim_loss=make_predsim(detach=part)))
+
+
+def test_a_detached_norm_is_named():
+    with pytest.raises(AssertionError, match="norm detached"):
+        CHECKS["test_similarity_matrix_values"](namespace(similarity_matrix=make_similarity(detach_norm=True)))
+
+
+# --- the contract, clause by clause (tests/contract_tables.py) -------------------------------------------
+def make_bp(variant):
+    """Wrong backprop schedules: "own_fwd" (block k's input ready fwd[k] after block k - 1's start), "no_update_wait"
+    (the next forward waits only for the block's own forward), "last_at_start" (the last block's backward starts with
+    its forward)."""
+    def fn(fwd, bwd, n_batches):
+        _check_durations(fwd, bwd, n_batches)
+        K = len(fwd)
+        F_, B_ = [[0] * n_batches for _ in fwd], [[0] * n_batches for _ in fwd]
+        for t in range(n_batches):
+            for k in range(K):
+                own = (F_[k][t - 1] + fwd[k] if variant == "no_update_wait" else B_[k][t - 1] + bwd[k]) if t else 0
+                upstream = F_[k - 1][t] + (fwd[k] if variant == "own_fwd" else fwd[k - 1]) if k else 0
+                F_[k][t] = max(own, upstream)
+            B_[K - 1][t] = F_[K - 1][t] + (0 if variant == "last_at_start" else fwd[K - 1])
+            for k in range(K - 2, -1, -1):
+                B_[k][t] = B_[k + 1][t] + bwd[k + 1]
+        return F_, B_
+    return fn
+
+
+def dgl_backward_with_forward(fwd, bwd, n_batches):
+    """Wrong: the local backward starts when the forward starts (B = F)."""
+    F_, _ = dgl_schedule(fwd, bwd, n_batches)
+    return F_, [list(row) for row in F_]
+
+
+def dgl_as_floats(fwd, bwd, n_batches):
+    return dgl_schedule([float(f) for f in fwd], [float(b) for b in bwd], n_batches)
+
+
+def _sim(**kw):
+    return {"similarity_matrix": make_similarity(**kw)}
+
+
+def _loss(**kw):
+    return {"predsim_loss": make_predsim(**kw)}
+
+
+def _step(**kw):
+    return {"local_training_step": make_local(**kw)}
+
+
+CONTRACT = [
+    Clause("similarity_matrix", "each row z_i is centred (its mean over features subtracted)",
+           ("test_similarity_matrix_values",), _sim(centre=False), "not centred"),
+    Clause("similarity_matrix", "divided by 1e-8 + its L2 norm", ("test_similarity_matrix_values",),
+           _sim(normalise=False), "not normalised"),
+    Clause("similarity_matrix", "divided by 1e-8 + its L2 norm (so a constant row becomes zeros, never NaN)",
+           ("test_similarity_matrix_values",), {"similarity_matrix": corrcoef_similarity}, "without the 1e-8",
+           label="eps-corrcoef"),
+    Clause("similarity_matrix", "differentiable with respect to h", ("test_similarity_matrix_values",),
+           _sim(detach=True), "no gradient reaches h"),
+    Clause("similarity_matrix", "differentiable with respect to h", ("test_similarity_matrix_values",),
+           _sim(detach_norm=True), "norm detached", label="differentiable-norm"),
+    Clause("similarity_matrix", "Every other h (2-D, 3-D, or 4-D with C <= 3 or H * W == 1) is flattened",
+           ("test_similarity_matrix_values",), _sim(three_d=True), "3-D h was reduced"),
+    Clause("similarity_matrix", "each channel's standard deviation over its H * W positions",
+           ("test_similarity_matrix_conv",), _sim(std=False), "flattened"),
+    Clause("similarity_matrix", "A 4-D h of shape (B, C, H, W) with C > 3 and H * W > 1",
+           ("test_similarity_matrix_conv",), _sim(hw_rule="h"), "flattened"),
+    Clause("similarity_matrix", "4-D with C <= 3 or H * W == 1) is flattened to (B, -1)",
+           ("test_similarity_matrix_conv",), _sim(min_channels=3), "C <= 3 channels"),
+    Clause("similarity_matrix", "clamped to [-1, 1]", ("test_similarity_matrix_edge_cases",), _sim(clamp=False),
+           r"\[-1, 1\]"),
+    Clause("similarity_matrix", "(B, B) tensor, the dtype of h", ("test_similarity_matrix_edge_cases",),
+           _sim(dtype=torch.float64), "keep h's dtype"),
+    Clause("similarity_matrix", "at least 2 dimensions (fewer raise ValueError)", ("test_similarity_matrix_edge_cases",),
+           _sim(validate=False), "should raise ValueError"),
+    Clause("predsim_loss", "(1 - beta) * L_pred + beta * L_sim", ("test_predsim_loss_values",), _loss(swap=True),
+           "beta weighs the wrong term"),
+    Clause("predsim_loss", "L_sim = F.mse_loss(similarity_matrix(sim_head(h)), similarity_matrix(onehot))",
+           ("test_predsim_loss_values",), _loss(sim_on_h=True), r"S\(sim_head\(h\)\), not S\(h\)"),
+    Clause("predsim_loss", "L_sim = F.mse_loss(similarity_matrix(sim_head(h)), similarity_matrix(onehot))",
+           ("test_predsim_loss_values",), _loss(similarity=corrcoef_similarity), "without the 1e-8",
+           label="l-sim-uses-similarity-matrix"),
+    Clause("predsim_loss", "(mean over the B x B entries)", ("test_predsim_loss_values",), _loss(mse="sum"),
+           "mean squared error"),
+    Clause("predsim_loss", "onehot = F.one_hot(y, num_classes) in h's dtype", ("test_predsim_loss_values",),
+           _loss(onehot="float32"), "to float32"),
+    Clause("predsim_loss", "differentiable with respect to h and both heads' parameters",
+           ("test_predsim_loss_values",), _loss(detach="sim"), DETACH),
+    Clause("predsim_loss", "differentiable with respect to h and both heads' parameters",
+           ("test_predsim_loss_values",), _loss(detach="pred"), DETACH, label="differentiable-pred"),
+    Clause("predsim_loss", "pred_head: maps h.flatten(1) (B, D) to (B, num_classes) logits",
+           ("test_predsim_loss_conv",), _loss(flatten=False)),
+    Clause("predsim_loss", "beta: float = 0.99", ("test_predsim_loss_conv",), _loss(default_beta=0.5),
+           "beta defaults to 0.99"),
+    Clause("predsim_loss", "num_classes: the number of classes (for the one-hot labels)",
+           ("test_predsim_loss_edge_cases",), _loss(width=False), "num_classes columns"),
+    Clause("predsim_loss", "a number in [0, 1]; anything else raises ValueError", ("test_predsim_loss_edge_cases",),
+           _loss(validate=False), "should raise ValueError"),
+    Clause("predsim_loss", "A y that is not 1-D with B entries raises ValueError", ("test_predsim_loss_edge_cases",),
+           _loss(validate_y=False), "y is \\(B,\\)"),
+    Clause("local_training_step", "detach: no gradient flows between blocks", ("test_local_training_step_values",),
+           _step(detach="none"), "deep supervision"),
+    Clause("local_training_step", "back-propagate it and step optimizers[j]", ("test_local_training_step_values",),
+           _step(optimizer="first"), r"optimizers\[j\] alone"),
+    Clause("local_training_step", "gradients left by an earlier call must not add in",
+           ("test_local_training_step_values",), _step(zero=False), "gradients left by the previous call"),
+    Clause("local_training_step", "even if it requires grad, x.grad stays None", ("test_local_training_step_detach",),
+           _step(detach="not_x"), "x.grad is set"),
+    Clause("local_training_step", "h is what the local loss uses (the activation before dropout)",
+           ("test_local_training_step_dropout",), _step(loss_on="out"), "dropped-out output"),
+    Clause("local_training_step", "call blocks[j] once", ("test_local_training_step_dropout",),
+           _step(call_twice=True), "exactly once"),
+    Clause("local_training_step", "The K local losses as a list of Python floats",
+           ("test_local_training_step_returns",), _step(returns="tensors"), "expected Python floats"),
+    Clause("local_training_step", "Lists of different lengths, or K = 0, raise ValueError",
+           ("test_local_training_step_returns",), _step(validate=False), "should raise ValueError"),
+    Clause("local_training_step", "one block's graph at a time whatever the sizes",
+           ("test_local_training_step_memory",), _step(detach="sum_detached"), "graphs of several blocks"),
+    Clause("bp_schedule", "waits for block k - 1's forward on batch t (its input",
+           ("test_bp_schedule_values",), {"bp_schedule": make_bp("own_fwd")}, "input is ready"),
+    Clause("bp_schedule", "for block k's own backward on batch t - 1", ("test_bp_schedule_values",),
+           {"bp_schedule": make_bp("no_update_wait")}, "own backward"),
+    Clause("bp_schedule", "the last block's backward on batch t starts as soon as its own forward on batch t ends",
+           ("test_bp_schedule_values",), {"bp_schedule": make_bp("last_at_start")}, "rules one by one"),
+    Clause("bp_schedule", "waits for block k + 1's backward on batch t", ("test_bp_schedule_values",),
+           {"bp_schedule": bp_off_by_one}, "off by one"),
+    Clause("bp_schedule", "Compute them with + and max only", ("test_bp_schedule_values",),
+           {"bp_schedule": bp_as_floats}, "is a float"),
+    Clause("bp_schedule", "(F, B), a tuple of two lists", ("test_bp_schedule_values",),
+           {"bp_schedule": lambda f, b, T: list(bp_schedule(f, b, T))}, "expected a tuple"),
+    Clause("bp_schedule", "a positive int (a bool is refused)", ("test_bp_schedule_errors",),
+           {"bp_schedule": lambda f, b, T: bp_schedule(f, b, int(T))}, "n_batches=True"),
+    Clause("bp_schedule", "fwd and bwd of different lengths, K = 0, a duration <= 0", ("test_bp_schedule_errors",),
+           {"bp_schedule": no_validation(bp_schedule)}, "should raise ValueError"),
+    Clause("dgl_schedule", "waits for block k - 1's *forward* on batch t", ("test_dgl_schedule_values",),
+           {"dgl_schedule": dgl_waits_for_backward}, "waited for block k - 1's local backward"),
+    Clause("dgl_schedule", "block k's own forward and local backward on batch t - 1", ("test_dgl_schedule_values",),
+           {"dgl_schedule": dgl_forgets_own_backward}, r"forward \*and\* local backward"),
+    Clause("dgl_schedule", "block k's local backward on batch t starts as soon as its own forward on batch t ends",
+           ("test_dgl_schedule_values",), {"dgl_schedule": dgl_backward_with_forward}, "rules one by one"),
+    Clause("dgl_schedule", "computed with + and max only", ("test_dgl_schedule_values",),
+           {"dgl_schedule": dgl_as_floats}, "is a float"),
+    Clause("dgl_schedule", "a positive int (a bool is refused)", ("test_dgl_schedule_errors",),
+           {"dgl_schedule": lambda f, b, T: dgl_schedule(f, b, int(T))}, "n_batches=True"),
+    Clause("dgl_schedule", "fwd and bwd of different lengths, K = 0, a duration <= 0", ("test_dgl_schedule_errors",),
+           {"dgl_schedule": no_validation(dgl_schedule)}, "should raise ValueError"),
+]
+
+test_contract_quotes_the_notebook, test_contract_wrong_answer_loses_only_its_cells, \
+    test_contract_covers_every_graded_cell = contract_tests(CHAPTER, CONTRACT, namespace, CHECKS, globals())

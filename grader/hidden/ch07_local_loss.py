@@ -28,10 +28,13 @@ from grader.resources import GROWTH, Meter, MiB, draw, fresh_tensor, mib, new_se
 
 TOL = dict(atol=1e-9, rtol=1e-7)  # float64 throughout: the mistakes we look for are >= 1e-3
 STEP_TOL = dict(atol=1e-7, rtol=1e-6)
+# Added to every seed the similarity and predsim checks draw from (0 at grading): the tests grade every variant the
+# text allows over several offsets.
+SEED_OFFSET = 0
 
 
 def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator().manual_seed(seed + SEED_OFFSET)
 
 
 def _raises_value_error(nb, fn_name: str, *args) -> bool:
@@ -39,25 +42,46 @@ def _raises_value_error(nb, fn_name: str, *args) -> bool:
     return names is not None and "ValueError" in names
 
 
+def _close(got, refs: list[torch.Tensor]) -> bool:
+    """``got`` within TOL of the band the allowed variants span (see _allowed_tol)."""
+    return same_close(got.double(), refs[0], **_allowed_tol(refs))
+
+
+def _allowed_tol(refs: list[torch.Tensor]) -> dict:
+    """TOL widened by how far the references of the variants the text allows lie apart (biased or unbiased std:
+    the scale cancels but for the 1e-8 beside the norm): any of them passes, a mistake (>= 1e-3) does not."""
+    spread = max((float((r - refs[0]).abs().max()) for r in refs[1:]), default=0.0)
+    return dict(atol=TOL["atol"] + 2 * spread, rtol=TOL["rtol"])
+
+
 # --- similarity_matrix ------------------------------------------------------------------------------
-def _rows(h: torch.Tensor, std_over_space: bool = True) -> torch.Tensor:
-    if std_over_space and h.dim() == 4 and h.shape[1] > 3 and h.shape[2] * h.shape[3] > 1:
+def _rows(h: torch.Tensor, std_over_space: bool = True, biased: bool = False) -> torch.Tensor:
+    if std_over_space and _uses_std(h):
         flat = h.reshape(h.shape[0], h.shape[1], -1)
         mean = flat.mean(dim=2, keepdim=True)
-        var = ((flat - mean) ** 2).sum(dim=2) / (flat.shape[2] - 1)
+        var = ((flat - mean) ** 2).sum(dim=2) / (flat.shape[2] - (0 if biased else 1))
         return var.sqrt()
     return h.reshape(h.shape[0], -1)
 
 
-def _similarity(h: torch.Tensor, centre: bool = True, normalise: bool = True, **rows) -> torch.Tensor:
-    """S(h) from the formula: rows, centred, divided by 1e-8 + norm, Gram, clamped."""
+def _uses_std(h: torch.Tensor) -> bool:
+    return h.dim() == 4 and h.shape[1] > 3 and h.shape[2] * h.shape[3] > 1
+
+
+def _similarity(h: torch.Tensor, centre: bool = True, normalise: bool = True, eps: float = 1e-8,
+                detach_norm: bool = False, **rows) -> torch.Tensor:
+    """S(h) from the formula: rows, centred, divided by eps + norm, Gram, clamped. ``rows``: std_over_space, biased
+    (the variants of the rows); eps = 0 and detach_norm are mistakes the diagnosis looks for."""
     z = _rows(h, **rows)
     if centre:
         z = z - z.sum(dim=1, keepdim=True) / z.shape[1]
     if normalise:
-        z = z / (1e-8 + (z * z).sum(dim=1, keepdim=True).sqrt())
+        norm = (z * z).sum(dim=1, keepdim=True).sqrt()
+        z = z / (eps + (norm.detach() if detach_norm else norm))
     return torch.clamp(z @ z.transpose(0, 1), -1.0, 1.0)
 
+
+ALLOWED_STD = ({"biased": False}, {"biased": True})  # "biased or unbiased gives the same S"
 
 _SIM_MISTAKES = {
     "the rows are not centred: subtract each row's mean over its features before normalising":
@@ -67,11 +91,35 @@ _SIM_MISTAKES = {
     "neither centred nor normalised: centre each row, then divide it by 1e-8 + its norm":
         dict(centre=False, normalise=False),
 }
+EPS_HINT = ("S matches the formula without the 1e-8: divide each centred row by 1e-8 + its L2 norm (torch.corrcoef, "
+            "F.normalize and F.cosine_similarity leave the 1e-8 out or use max(norm, eps) instead), which is what "
+            "keeps a constant row at zeros")
+DETACHED_NORM_HINT = ("the gradient is that of S with the norm detached: the division by 1e-8 + the norm must stay "
+                      "in the graph (no .detach(), .item() or numpy inside S)")
 
 
 def _sim_hint(h: torch.Tensor, got: torch.Tensor, default: str) -> str:
     for hint, kw in _SIM_MISTAKES.items():
         if got.shape == (h.shape[0], h.shape[0]) and same_close(got, _similarity(h, **kw), atol=1e-6):
+            return hint
+    if got.shape == (h.shape[0], h.shape[0]) and any(_close(got, [_similarity(h, eps=0.0, **kw)]) for kw in ALLOWED_STD):
+        return EPS_HINT
+    if h.dim() == 3 and any(_close(got, [_similarity(h.unsqueeze(2), **kw)]) for kw in ALLOWED_STD):
+        return ("a 3-D h was reduced to stds over its last dimension: only a 4-D map (B, C, H, W) with C > 3 and "
+                "H * W > 1 is; every 3-D h is flattened to (B, -1)")
+    return default
+
+
+def _sim_grad(h: torch.Tensor, grad_out: torch.Tensor, **kw) -> torch.Tensor:
+    x = h.clone().requires_grad_(True)
+    _similarity(x, **kw).backward(grad_out)
+    return x.grad
+
+
+def _sim_grad_hint(h: torch.Tensor, grad_out: torch.Tensor, got: torch.Tensor, default: str) -> str:
+    """The diagnosis of a gradient that differs while the values pass: named only when observed."""
+    for hint, kw in ((EPS_HINT, dict(eps=0.0)), (DETACHED_NORM_HINT, dict(detach_norm=True))):
+        if _close(got, [_sim_grad(h, grad_out, **kw, **std) for std in ALLOWED_STD]):
             return hint
     return default
 
@@ -84,20 +132,25 @@ def _check_similarity_call(nb, h: torch.Tensor, what: str, hint: str, grads: boo
     if res["shape"] != [h.shape[0], h.shape[0]]:
         raise AssertionError(f"{what}: similarity_matrix returned shape {tuple(res['shape'])}, expected "
                              f"({h.shape[0]}, {h.shape[0]}): one similarity per pair of examples")
-    x = h.clone().requires_grad_(True)
-    ref = _similarity(x, **rows)
+    variants = ALLOWED_STD if rows.get("std_over_space", True) and _uses_std(h) else ALLOWED_STD[:1]
+    refs = [_similarity(h, **rows, **v) for v in variants]
     got = res["value"]
-    if not same_close(got.double(), ref.detach(), **TOL):
-        check_close(got.double(), ref.detach(), f"{what}: the similarity matrix", _sim_hint(h, got.double(), hint), **TOL)
+    if not _close(got, refs):
+        check_close(got.double(), refs[0], f"{what}: the similarity matrix", _sim_hint(h, got.double(), hint),
+                    **_allowed_tol(refs))
     if not grads:
         return
     if not res["attached"] or res["grads"][0] is None:
         raise AssertionError(f"{what}: no gradient reaches h: S must stay differentiable (no .detach(), "
                              "no .item(), no numpy)")
-    ref.backward(grad_out)
-    check_close(res["grads"][0], x.grad, f"{what}: the gradient of the similarity matrix with respect to h",
-                "the values are right but the gradient is not: build S with differentiable torch operations",
-                **TOL)
+    ref_grads = [_sim_grad(h, grad_out, **rows, **v) for v in variants]
+    if not _close(res["grads"][0], ref_grads):
+        check_close(res["grads"][0].double(), ref_grads[0],
+                    f"{what}: the gradient of the similarity matrix with respect to h",
+                    _sim_grad_hint(h, grad_out, res["grads"][0].double(),
+                                   "the values pass but the gradient does not: compute S exactly as the formula says "
+                                   "(centre, divide by 1e-8 + the norm, Gram, clamp)"),
+                    **_allowed_tol(ref_grads))
 
 
 @hidden_test("test_similarity_matrix_values")
@@ -111,6 +164,8 @@ def check_similarity_matrix_values(nb):
          torch.randn(37, 53, generator=g, dtype=torch.float64) * torch.rand(37, 1, generator=g, dtype=torch.float64) * 9
          + torch.randn(37, 1, generator=g, dtype=torch.float64) * 5),
         ("a 3-D h of shape (5, 2, 7)", torch.randn(5, 2, 7, generator=g, dtype=torch.float64)),
+        # 3-D with more than 3 "channels": still flattened (only a 4-D map is reduced to stds)
+        ("a 3-D h of shape (6, 9, 4)", torch.randn(6, 9, 4, generator=g, dtype=torch.float64) * 2 + 1),
         ("one-hot labels, 37 examples of 7 classes", F.one_hot(torch.arange(37) % 7, 7).double()),
     ]
     for what, h in cases:
@@ -172,13 +227,16 @@ def check_similarity_matrix_edge_cases(nb):
 
 
 # --- predsim_loss ----------------------------------------------------------------------------------
-def _predsim(h, y, sim_head, pred_head, classes, beta, wrong: str | None = None):
-    logits = pred_head(h.reshape(h.shape[0], -1))
+def _predsim(h, y, sim_head, pred_head, classes, beta, wrong: str | None = None, biased: bool = False):
+    """The loss from the formula; ``wrong`` builds a known mistake for the diagnosis, ``biased`` the std variant."""
+    logits = pred_head((h.detach() if wrong == "pred h detached" else h).reshape(h.shape[0], -1))
     pred = -(logits.log_softmax(dim=1)[torch.arange(len(y)), y]).mean()
-    onehot = torch.zeros(len(y), classes, dtype=h.dtype)
+    width = int(y.max()) + 1 if wrong == "width" else classes
+    onehot = torch.zeros(len(y), width, dtype=torch.float32 if wrong == "onehot32" else h.dtype)
     onehot[torch.arange(len(y)), y] = 1
-    sim_in = h if wrong == "sim on h" else sim_head(h)
-    diff = _similarity(sim_in) - _similarity(onehot)
+    sim_in = h if wrong == "sim on h" else sim_head(h.detach() if wrong == "sim h detached" else h)
+    eps = 0.0 if wrong == "no eps" else 1e-8
+    diff = _similarity(sim_in, eps=eps, biased=biased) - _similarity(onehot, eps=eps).to(h.dtype)
     sim = (diff * diff).sum() / diff.numel()
     if wrong == "swapped":
         return beta * pred + (1 - beta) * sim
@@ -192,18 +250,79 @@ _PREDSIM_MISTAKES = {
                "weight on the similarity loss)",
     "sim on h": "the similarity loss must compare S(sim_head(h)), not S(h), with S(one-hot y)",
     "sum mse": "L_sim is the mean squared error over the B x B entries (F.mse_loss), not their sum",
+    "no eps": "the loss is that of S without the 1e-8: compute L_sim with similarity_matrix (1e-8 + the norm), not "
+              "torch.corrcoef, F.normalize or F.cosine_similarity",
+    "width": "the one-hot labels have num_classes columns (F.one_hot(y, num_classes)), also when the batch lacks the "
+             "last classes: without num_classes F.one_hot makes max(y) + 1 columns, which changes S(onehot)",
 }
+# Mistakes whose values pass (or nearly) and whose gradients do not: each hint is given only when the gradients match
+# that mistake's.
+_PREDSIM_GRAD_MISTAKES = {
+    "sim h detached": "the gradient is that of a loss whose similarity term does not reach h (h detached before "
+                      "sim_head): keep every step differentiable, no detach inside the loss",
+    "pred h detached": "the gradient is that of a loss whose prediction term does not reach h (h detached before "
+                       "pred_head): keep every step differentiable, no detach inside the loss",
+    "no eps": "the gradients are those of S without the 1e-8: compute L_sim with similarity_matrix (1e-8 + the norm), "
+              "not torch.corrcoef, F.normalize or F.cosine_similarity",
+}
+ONEHOT32_HINT = ("the gradients differ by about as much as rounding S(onehot) to float32 does: make the one-hot labels "
+                 "in h's dtype (F.one_hot(y, num_classes).to(h.dtype))")
 
 
 def _heads(kind: str, d: int, classes: int, seed: int, conv_channels: int = 0):
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.manual_seed(seed + SEED_OFFSET)
         if kind == "linear":
             sim_head, pred_head = nn.Linear(d, d, bias=False), nn.Linear(d, classes)
         else:
             sim_head = nn.Conv2d(conv_channels, conv_channels, 3, padding=1, bias=False)
             pred_head = nn.Linear(d, classes)
     return sim_head.double(), pred_head.double()
+
+
+def _predsim_ref(h, y, sim_head, pred_head, classes, beta, **kw) -> dict:
+    """Value, gradient with respect to h and the heads' parameter gradients of the formula (or of a variant)."""
+    sh, ph = copy.deepcopy(sim_head), copy.deepcopy(pred_head)
+    x = h.clone().requires_grad_(True)
+    loss = _predsim(x, y, sh, ph, classes, beta, **kw)
+    loss.backward()
+    return {"value": loss.detach(), "h": x.grad,
+            "params": [{n: p.grad for n, p in m.named_parameters()} for m in (sh, ph)]}
+
+
+def _grad_pairs(res: dict, refs: list[dict]):
+    """(label, got, [the variants' references]) for h and every parameter either side has a gradient for."""
+    yield "h", res["grads"][0], [r["h"] for r in refs]
+    for i, label in enumerate(("sim_head", "pred_head")):
+        for name in refs[0]["params"][i]:
+            want = [r["params"][i][name] for r in refs]
+            got = res["param_grads"][i][name]
+            if got is None and all(w is None or not w.abs().max() > 0 for w in want):
+                continue  # no gradient where the formula's is zero (beta = 0 or 1 may skip a term): the same thing
+            yield f"{label}.{name}", got, [torch.zeros_like(got) if w is None else w for w in want]
+
+
+def _grads_close(res: dict, refs: list[dict]) -> bool:
+    return all(got is not None and _close(got, want) for _, got, want in _grad_pairs(res, refs))
+
+
+def _grads_nearer(res: dict, right: dict, wrong: dict) -> bool:
+    """The mistake is observed: every gradient lies much nearer the mistake's than the right one (the two float32
+    one-hots of different code differ by rounding, so an exact match is not asked for)."""
+    differs = False
+    for _, got, (r, w) in _grad_pairs(res, [right, wrong]):
+        gap = float((w - r).abs().max())
+        if got is None or float((got.double() - w).abs().max()) > 0.25 * gap + TOL["atol"]:
+            return False
+        differs = differs or gap > 10 * TOL["atol"]
+    return differs
+
+
+def _grads_within(res: dict, right: dict, wrong: dict) -> bool:
+    """Every gradient is off by at most a few times what the mistake changes (float32 rounding goes either way, so
+    two float32 one-hots of different code need not agree with each other)."""
+    return all(got is not None and float((got.double() - r).abs().max()) <= 4 * float((w - r).abs().max()) + TOL["atol"]
+               for _, got, (r, w) in _grad_pairs(res, [right, wrong]))
 
 
 def _check_predsim_case(nb, what, h, y, sim_head, pred_head, classes, beta, default_hint, use_default=False):
@@ -213,32 +332,38 @@ def _check_predsim_case(nb, what, h, y, sim_head, pred_head, classes, beta, defa
     if res["type"] != "Tensor" or res["shape"] != []:
         raise AssertionError(f"{what}: predsim_loss returned {res['type']} of shape {res.get('shape')}, expected a "
                              "0-dim tensor")
-    sh, ph = copy.deepcopy(sim_head), copy.deepcopy(pred_head)
-    x = h.clone().requires_grad_(True)
-    ref = _predsim(x, y, sh, ph, classes, beta)
+    # The variants the text allows: the std over space biased or unbiased (a conv sim head's output).
+    refs = [_predsim_ref(h, y, sim_head, pred_head, classes, beta, biased=b) for b in (False, True)]
     got = res["value"].double()
-    if not same_close(got, ref.detach(), **TOL):
+    values = [r["value"] for r in refs]
+    if not _close(got, values):
         hint = default_hint
         for wrong, text in _PREDSIM_MISTAKES.items():
             if same_close(got, _predsim(h, y, sim_head, pred_head, classes, beta, wrong).detach(), **TOL):
                 hint = text
                 break
-        check_close(got, ref.detach(), f"{what}: the loss", hint, **TOL)
+        check_close(got, values[0], f"{what}: the loss", hint, **_allowed_tol(values))
     if not res["attached"]:
         raise AssertionError(f"{what}: the loss is detached: it must back-propagate into h and both heads")
-    ref.backward()
-    grad_hint = "the value is right but a gradient is not: keep every step differentiable (no detach inside the loss)"
     if res["grads"][0] is None:
         raise AssertionError(f"{what}: no gradient reaches h")
-    check_close(res["grads"][0], x.grad, f"{what}: the gradient with respect to h", grad_hint, **TOL)
-    for i, module in enumerate((sh, ph)):
-        for name, p in module.named_parameters():
-            got_g = res["param_grads"][i][name]
-            label = ("sim_head", "pred_head")[i]
-            if p.grad is not None and p.grad.abs().max() > 0 and got_g is None:
-                raise AssertionError(f"{what}: {label}.{name} got no gradient: call the head inside the loss")
-            if got_g is not None and p.grad is not None:
-                check_close(got_g, p.grad, f"{what}: the gradient of {label}.{name}", grad_hint, **TOL)
+    if _grads_close(res, refs):
+        return
+    grad_hint = ("the value passes but a gradient does not: compute both terms exactly as the formula says, every "
+                 "step differentiable")
+    for wrong, text in _PREDSIM_GRAD_MISTAKES.items():
+        if _grads_nearer(res, refs[0], _predsim_ref(h, y, sim_head, pred_head, classes, beta, wrong=wrong)):
+            grad_hint = text
+            break
+    else:
+        if _grads_within(res, refs[0], _predsim_ref(h, y, sim_head, pred_head, classes, beta, wrong="onehot32")):
+            grad_hint = ONEHOT32_HINT
+    for label, got_g, want in _grad_pairs(res, refs):
+        if got_g is None:
+            raise AssertionError(f"{what}: {label} got no gradient: call the head inside the loss")
+        if not _close(got_g, want):
+            check_close(got_g.double(), want[0], f"{what}: the gradient {'with respect to' if label == 'h' else 'of'} "
+                        f"{label}", grad_hint, **_allowed_tol(want))
 
 
 @hidden_test("test_predsim_loss_values")
@@ -252,6 +377,19 @@ def check_predsim_loss_values(nb):
         _check_predsim_case(nb, f"h (37, 53), 7 classes, beta={beta}", h, y, sim_head, pred_head, C, beta,
                             "loss = (1 - beta) * F.cross_entropy(pred_head(h.flatten(1)), y) + beta * "
                             "F.mse_loss(S(sim_head(h)), S(one_hot(y)))")
+    # A batch whose similarities already match its labels' (h is the scaled one-hot plus a little noise, the sim head
+    # the identity): L_sim is tiny, so its gradient shows S(onehot) to the last digits (a float32 one-hot, a missing
+    # 1e-8 are thousands of tolerances off here).
+    B, C = 12, 5
+    y = torch.randperm(B, generator=g) % C
+    h = (F.one_hot(y, C).double() + 1e-6 * torch.randn(B, C, generator=g, dtype=torch.float64)) * 1e-3
+    sim_head, pred_head = _heads("linear", C, C, 4)
+    with torch.no_grad():
+        sim_head.weight.copy_(torch.eye(C, dtype=torch.float64))
+    _check_predsim_case(nb, "a batch of 12 whose similarities already match its 5 classes' (sim_head the identity), "
+                        "beta=0.99", h, y, sim_head, pred_head, C, 0.99,
+                        "L_sim = F.mse_loss(similarity_matrix(sim_head(h)), similarity_matrix(onehot)), onehot in h's "
+                        "dtype")
 
 
 @hidden_test("test_predsim_loss_conv")
@@ -275,6 +413,12 @@ def check_predsim_loss_edge_cases(nb):
                        (1.0, "beta = 1 is the similarity loss alone")):
         sim_head, pred_head = _heads("linear", D, C, 6)
         _check_predsim_case(nb, f"beta={beta}", h, y, sim_head, pred_head, C, beta, hint)
+    # A batch without the last class: the one-hot still has num_classes columns.
+    y_short = torch.randint(0, C - 2, (B,), generator=g)
+    sim_head, pred_head = _heads("linear", D, C, 8)
+    _check_predsim_case(nb, f"a batch of {B} whose labels lack the last 2 of {C} classes, beta=0.5", h, y_short,
+                        sim_head, pred_head, C, 0.5, "onehot = F.one_hot(y, num_classes): num_classes columns "
+                        "whatever labels the batch holds")
     sim_head, pred_head = _heads("linear", D, C, 7)
     for beta in (-0.01, 1.01, 2.0):
         if not _raises_value_error(nb, "predsim_loss", h, y, sim_head, pred_head, C, beta):
@@ -564,7 +708,7 @@ def _memory_case(nb, meter, K: int, width: int, B: int, earlier: int = 0, report
             f"{mib(bound)}: your step held the graphs of several blocks at once. {MEMORY_HINT}")
 
 
-@hidden_test("test_local_training_step_memory")
+@hidden_test("test_local_training_step_memory", requires=("test_local_training_step_returns",))
 def check_local_training_step_memory(nb):
     earlier = 0
     for blocks_range, width_range, batch_range in MEM_CASES:
@@ -710,14 +854,15 @@ def check_bp_schedule_values(nb):
         (lambda f, b, T: _bp_variant(f, b, T, "own_bwd")):
             "off by one: block k's backward starts after block k + 1's backward, which lasts bwd[k + 1], not bwd[k]",
         (lambda f, b, T: _bp_variant(f, b, T, "own_fwd")):
-            "off by one: block k's input is ready when block k - 1's forward ends, F[k-1][t] + fwd[k-1]",
+            "off by one: block k's input is ready when block k - 1's forward ends, which lasts fwd[k - 1]",
         (lambda f, b, T: _bp_variant(f, b, T, "no_update_wait")):
-            "a block starts its next forward only after its own backward and update of the previous batch, "
-            "B[k][t-1] + bwd[k]",
+            "a block starts its next forward only after its own backward (and update) of the previous batch has "
+            "ended",
         (lambda f, b, T: _dgl_variant(f, b, T, "none")):
             "these are DGL's start times: in end-to-end backprop block k's backward waits for block k + 1's",
-    }, "F[k][t] = max(F[k-1][t] + fwd[k-1], B[k][t-1] + bwd[k]); B[K-1][t] = F[K-1][t] + fwd[K-1]; "
-       "B[k][t] = B[k+1][t] + bwd[k+1]")
+    }, "follow the docstring's rules one by one: a forward waits for the input from block k - 1 and for the end of "
+       "this block's own backward of the previous batch; the last block's backward follows its forward; every other "
+       "backward waits for the end of block k + 1's backward")
 
 
 @hidden_test("test_dgl_schedule_values")
@@ -725,12 +870,15 @@ def check_dgl_schedule_values(nb):
     _check_schedule(nb, "dgl_schedule", "dgl", {
         (lambda f, b, T: _dgl_variant(f, b, T, "waits_for_bwd")):
             "block k waited for block k - 1's local backward: with a detached output it only needs block k - 1's "
-            "forward, F[k-1][t] + fwd[k-1]",
+            "forward to have ended",
         (lambda f, b, T: _dgl_variant(f, b, T, "no_own_bwd")):
-            "a block starts its next batch after its own forward *and* local backward: F[k][t-1] + fwd[k] + bwd[k]",
+            "a block starts its next batch after its own forward *and* local backward of the previous one have "
+            "ended",
         (lambda f, b, T: _bp_variant(f, b, T, "none")):
             "these are end-to-end backprop's start times: with local losses no block waits for another's backward",
-    }, "F[k][t] = max(F[k][t-1] + fwd[k] + bwd[k], F[k-1][t] + fwd[k-1]); B[k][t] = F[k][t] + fwd[k]")
+    }, "follow the docstring's rules one by one: a forward waits for the end of block k - 1's forward and for the end "
+       "of this block's own forward and local backward of the previous batch; the local backward follows the "
+       "block's own forward")
 
 
 def _check_schedule_errors(nb, fn_name: str):
