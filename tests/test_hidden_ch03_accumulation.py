@@ -223,29 +223,35 @@ def test_accumulate_gradients_mistake_fails_only_its_cell(wrong, grade_id, messa
     _fails_only(namespace(accumulate_gradients=wrong), grade_id, ACCUMULATE_IDS, message)
 
 
-def test_accumulate_gradients_rejects_stepping_inside():
-    def acc(model, loss_fn, inputs, targets, micro_batch_size):
-        loss = accumulate_gradients(model, loss_fn, inputs, targets, micro_batch_size)
-        with torch.no_grad():
-            for p in model.parameters():
-                if p.grad is not None:
-                    p -= 0.1 * p.grad
-        return loss
+def step_inside(model, loss_fn, inputs, targets, micro_batch_size):
+    """Right gradients, then an SGD step on the parameters inside the function."""
+    loss = accumulate_gradients(model, loss_fn, inputs, targets, micro_batch_size)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p -= 0.1 * p.grad
+    return loss
 
+
+def bypass_model(model, loss_fn, inputs, targets, micro_batch_size):
+    """Forwards the whole batch through the wrapped model's inner module."""
+    if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be a positive integer, got {micro_batch_size!r}")
+    inner = getattr(model, "model", model)
+    loss = loss_fn(inner(inputs), targets)
+    loss.backward()
+    return loss.detach()
+
+
+def test_accumulate_gradients_rejects_stepping_inside():
     with pytest.raises(AssertionError, match="optimizer step belongs to the training loop"):
-        CHECKS["test_accumulate_gradients"](namespace(accumulate_gradients=acc))
+        CHECKS["test_accumulate_gradients"](namespace(accumulate_gradients=step_inside))
 
 
 def test_bypassing_the_model_fails_memory():
     """Forwarding the whole batch through the wrapped model's inner module: pos gets no gradient."""
-    def acc(model, loss_fn, inputs, targets, micro_batch_size):
-        inner = getattr(model, "model", model)
-        loss = loss_fn(inner(inputs), targets)
-        loss.backward()
-        return loss.detach()
-
     with pytest.raises(AssertionError, match="pos received no gradient"):
-        CHECKS["test_accumulate_gradients_memory"](namespace(accumulate_gradients=acc))
+        CHECKS["test_accumulate_gradients_memory"](namespace(accumulate_gradients=bypass_model))
 
 
 # --- honest only where it is not measured, or skipping the work where it is ----------------------
@@ -485,3 +491,101 @@ def test_train_loop_mistake_on_large_batches_fails_only_values(wrong, message, t
 
 # --- the same checks through the sandbox, as at autograde ------------------------------------------
 test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(CHAPTER, WRONG)
+
+
+# --- the contract table: each property the text states, the cell that grades it, a wrong answer that breaks it --
+from contract_tables import Clause, contract_tests  # noqa: E402
+
+
+def refuse_large_micro_batches(model, loss_fn, inputs, targets, micro_batch_size):
+    """Right for m < B; refuses a micro-batch size of the whole batch or more (the text says: one forward)."""
+    if isinstance(micro_batch_size, int) and micro_batch_size >= len(inputs):
+        raise ValueError(f"micro_batch_size must be smaller than the batch, got {micro_batch_size}")
+    return accumulate_gradients(model, loss_fn, inputs, targets, micro_batch_size)
+
+
+def train_loss_after_step(model, optimizer, loss_fn, loader, micro_batch_size, steps):
+    """Steps right, but logs each batch's loss recomputed after its step."""
+    losses, it = [], None
+    for _ in range(steps):
+        batch = next(it, None) if it is not None else None
+        if batch is None:
+            it = iter(loader)
+            batch = next(it, None)
+            if batch is None:
+                raise ValueError("empty loader")
+        x, y = batch
+        optimizer.zero_grad()
+        NS["accumulate_gradients"](model, loss_fn, x, y, micro_batch_size)
+        optimizer.step()
+        with torch.no_grad():
+            losses.append(sum(loss_fn(model(a), b).item() * len(a) for a, b in
+                              zip(x.split(micro_batch_size), y.split(micro_batch_size))) / len(x))
+    return losses
+
+
+_A, _T = "accumulate_gradients", "train_accumulated"
+_VALUES, _MEM, _LOSS, _EDGE = ACCUMULATE_IDS
+_TVALUES, _TMEM, _TEDGE = TRAIN_IDS
+CONTRACT = [
+    Clause(_A, "The weights are $n_i / B$, not $1/k$", (_VALUES,), {_A: make_accumulate(weight="equal")},
+           "averaged with equal weights"),
+    Clause(_A, "The weights are $n_i / B$, not $1/k$", (_VALUES,),
+           {_A: when_large(make_accumulate(weight="equal"))}, "drawn at grading time.*equal weights",
+           label="equal-weights-on-large-batches"),
+    Clause(_A, "On return it holds the gradient of the full-batch mean loss", (_VALUES,),
+           {_A: make_accumulate(weight="one")}, "k times too large"),
+    Clause(_A, "backward() **adds** into .grad, it does not overwrite", (_VALUES,),
+           {_A: make_accumulate(zero_inside=True)}, "only the last micro-batch"),
+    Clause(_A, "the last one may be smaller", (_VALUES,), {_A: make_accumulate(drop_remainder=True)},
+           "last micro-batch .* is missing"),
+    Clause(_A, "frozen parameters (requires_grad=False) get no gradient", (_VALUES,),
+           {_A: make_accumulate(grads_for_all=True)}, "frozen parameter"),
+    Clause(_A, "no parameter changes (stepping is the training loop's job)", (_VALUES,), {_A: step_inside},
+           "optimizer step belongs to the training loop"),
+    Clause(_A, "never on the whole batch (unless it is that small)", (_MEM,), {_A: make_accumulate(whole_batch=True)},
+           "called on 37 samples at once"),
+    Clause(_A, "called on slices of at most micro_batch_size samples", (_MEM,), {_A: bypass_model},
+           "pos received no gradient", label="bypassing-the-model"),
+    Clause(_A, "The micro-batches are inputs[0:m], inputs[m:2m], ...", (_MEM,), {_A: make_accumulate(even_split=True)},
+           "which samples went in together"),
+    Clause(_A, "Call backward() per micro-batch", (_MEM,), {_A: make_accumulate(sum_first=True)},
+           "summing the micro-batch losses"),
+    Clause(_A, "what your process holds, read from outside it, must stay under a quarter of the whole batch's "
+               "activations", (_MEM,), {_A: sum_first_except({1024})}, "summing the micro-batch losses"),
+    Clause(_A, "Returns: The full-batch mean loss, a detached 0-dim tensor", (_LOSS,),
+           {_A: make_accumulate(detach=False)}, "still attached"),
+    Clause(_A, "Returns: The full-batch mean loss, a detached 0-dim tensor", (_LOSS,),
+           {_A: make_accumulate(as_float=True)}, "is a float", label="loss-as-float"),
+    Clause(_A, "The full-batch mean loss", (_LOSS,), {_A: make_accumulate(scale_loss=37.0)}, "B = 37 times the mean"),
+    Clause(_A, "The full-batch mean loss", (_LOSS,), {_A: when_large(accumulate_gradients, loss="average")},
+           "drawn at grading time.*plain average", label="plain-average-loss-on-large-batches"),
+    Clause(_A, "m >= B means one forward of the whole batch", (_EDGE,), {_A: refuse_large_micro_batches},
+           "m >= B is allowed"),
+    Clause(_A, "a positive int m; anything else raises", (_EDGE,), {_A: make_accumulate(validate=False)},
+           "should raise ValueError"),
+    Clause(_A, "a positive int m; anything else raises", (_EDGE,), {_A: make_accumulate(validate="lt1")},
+           "micro_batch_size=2.5", label="fractional-micro-batch"),
+    Clause(_T, "Per step: zero the gradients", (_TVALUES,), {_T: make_train(zero=False)}, "never zeroed"),
+    Clause(_T, "zero the gradients, accumulate_gradients on the next batch, optimizer.step()", (_TVALUES,),
+           {_T: make_train(zero_after=True)}, "did not change"),
+    Clause(_T, "Train for steps optimizer steps, one batch per step", (_TVALUES,),
+           {_T: train_stepping_per_micro_batch}, "once per micro-batch"),
+    Clause(_T, "each accumulated over micro-batches", (_TVALUES,), {_T: train_zeroing_per_micro_batch},
+           "not per micro-batch"),
+    Clause(_T, "(each computed before its step)", (_TVALUES,), {_T: train_loss_after_step}, "loss"),
+    Clause(_T, "model, loss_fn, micro_batch_size: as in accumulate_gradients", (_TMEM,), {_T: train_full_batch},
+           "called on 37 samples at once"),
+    Clause(_T, "what your process holds while it runs, read from outside it, must stay under a quarter",
+           (_TMEM,), {_T: train_whole_batch_on_sequential}, "while it ran, your process grew by"),
+    Clause(_T, "it is started again, like a new epoch", (_TEDGE,), {_T: make_train(cycle=False)}, "losses for steps=5"),
+    Clause(_T, "as Python floats", (_TEDGE,), {_T: make_train(as_float=False)}, "expected Python floats"),
+    Clause(_T, "a re-iterable of (inputs, targets) batches (a list, a DataLoader)", (_TEDGE,),
+           {_T: make_train(indexing=True)}, "without len\\(\\) or indexing"),
+    Clause(_T, "an empty loader raises ValueError", (_TEDGE,), {_T: make_train(empty_ok=True)}, "empty loader"),
+    Clause(_T, "The list of the steps full-batch mean losses", (_TEDGE,), {_T: make_train(at_least_one=True)},
+           "zero steps"),
+]
+
+test_contract_quotes_the_notebook, test_contract_wrong_answer_loses_only_its_cells, \
+    test_contract_covers_every_graded_cell = contract_tests(CHAPTER, CONTRACT, namespace, CHECKS, globals())

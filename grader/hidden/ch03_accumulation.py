@@ -469,7 +469,15 @@ def _check_loss(nb, model: nn.Module, loss_fn, x, y, m: int, what: str) -> None:
 def check_accumulate_gradients_edge_cases(nb):
     # micro_batch_size >= B: one forward of the whole batch (B samples).
     for kind, loss_fn, m, seed in [("mlp", nn.MSELoss(), B, 31), ("frozen", nn.CrossEntropyLoss(), 64, 32)]:
-        _check_gradients(nb, kind, loss_fn, m, seed)
+        try:
+            _check_gradients(nb, kind, loss_fn, m, seed)
+        except AssertionError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the student's own error, locally or as a StudentError
+            message = f"{e.type_name}: {e.message}" if isinstance(e, StudentError) else f"{type(e).__name__}: {e}"
+            raise AssertionError(f"accumulate_gradients(..., micro_batch_size={m}) on a batch of B={B} raised "
+                                 f"{message[:300]}: m >= B is allowed and means one forward of the whole batch "
+                                 "(a single micro-batch, weight n_1 / B = 1)") from None
     x, y = _data(nn.MSELoss(), B, 0)
     for bad in (0, -3, 2.5):
         names = fetch(nb.apply(probes.raised, nb.accumulate_gradients, _plain("mlp", 0), nn.MSELoss(), x, y, bad))
