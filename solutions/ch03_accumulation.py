@@ -55,8 +55,6 @@ from torch import nn
 
 # %%
 import copy
-import statistics
-import time
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -65,6 +63,7 @@ from tqdm.auto import tqdm
 from coursekit import fast, measure
 from coursekit.measure import flop_counter
 from coursekit.report import literature_table
+from coursekit.timing import Timing, compare, time_it
 from coursekit.widgets import slider_plot
 
 D_IN, HIDDEN, CLASSES = 32, 256, 10
@@ -593,20 +592,17 @@ plt.show()
 # ### 6.3 What it costs in time
 #
 # Same FLOPs per step, but cut into more, smaller matrix products, plus Python overhead per
-# forward. Wall-clock times are noisy and machine-dependent: informative, never asserted.
+# forward. Wall-clock times are noisy and machine-dependent: informative, never asserted. Each
+# time below is the minimum of several repeats (`coursekit.timing.time_it`), and each ratio to
+# the full batch comes with `compare`'s verdict on whether the repeats can carry it.
 
 # %%
-def step_time_ms(micro: int, repeats: int = fast(5, 2)) -> float:
+def step_timing(micro: int) -> Timing:
+    """One optimizer step on the batch of 256, accumulated over micro-batches of ``micro``: repeats and their minimum."""
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     loader = [(x_batch, y_batch)]
-    train_accumulated(model, opt, loss_fn, loader, micro, 1)  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        train_accumulated(model, opt, loss_fn, loader, micro, 1)
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
+    return time_it(lambda: train_accumulated(model, opt, loss_fn, loader, micro, 1), repeats=fast(7, 2))
 
 
 def step_flops(micro: int) -> int:
@@ -616,11 +612,12 @@ def step_flops(micro: int) -> int:
     return counter.get_total_flops()
 
 
-step_ms = {m: step_time_ms(m) for m in tqdm(MICRO_SIZES[::-1], desc="timing", leave=False)}
+step_times = {m: step_timing(m) for m in tqdm(MICRO_SIZES[::-1], desc="timing", leave=False)}
+step_ms = {m: 1e3 * t.best for m, t in step_times.items()}  # the minimum of the repeats
 flops = {m: step_flops(m) for m in MICRO_SIZES}
 for m in MICRO_SIZES:
-    print(f"micro-batch {m:4}: {flops[m]:,} FLOPs, {step_ms[m]:7.1f} ms per step "
-          f"({step_ms[m] / step_ms[BATCH]:5.1f}× the full batch)")
+    print(f"micro-batch {m:4}: {flops[m]:,} FLOPs, {step_times[m]} per step; "
+          f"{compare(step_times[m], step_times[BATCH], (f'm={m}', 'full batch'))}")
 assert len(set(flops.values())) == 1  # the same arithmetic, cut differently
 
 # %% [markdown]
@@ -630,6 +627,81 @@ assert len(set(flops.values())) == 1  # the same arithmetic, cut differently
 # model, where one micro-batch's matrix products take far longer than that overhead, the cost of
 # splitting is much smaller; on a GPU, though, too small a micro-batch leaves most of the chip
 # idle. Either way: choose the largest micro-batch that fits.
+#
+# ### Your lecture notes vs what we measure
+#
+# The lecture notes write the accumulated gradient as the plain mean of the $k$ micro-batch
+# gradients, $\frac{1}{k}\sum_i \nabla L_i$, say that the result is exactly the full-batch one,
+# and call the price a slight slowdown. Three things to check:
+#
+# - **The formula** assumes $k$ micro-batches of equal size. When the last one is smaller, the
+#   weights must be $n_i / B$ (section 3); with equal weights the small last micro-batch counts
+#   as much as a full one.
+# - **"Exactly the same"** holds in exact arithmetic, not bit for bit in float32. Accumulation
+#   computes another sum: each micro-batch reduces its own samples, then `backward()` adds the
+#   partial gradients into `.grad` one by one, and float addition is not associative, so the
+#   last bits differ. Both float32 results are compared below with the gradient computed in
+#   float64 (errors relative to its largest entry).
+# - **"Slight"** depends on the micro-batch. The timings above are the minimum of several
+#   repeats (`coursekit.timing`); `compare` calls a ratio "within noise" when the repeats of
+#   the two sides overlap, and only then.
+
+# %%
+def flat_grad(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def full_batch_grad(x: torch.Tensor, y: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    model = make_model().to(dtype)
+    loss_fn(model(x.to(dtype)), y).backward()
+    return flat_grad(model)
+
+
+def accumulated_grad(x: torch.Tensor, y: torch.Tensor, micro: int, equal_weights: bool = False) -> torch.Tensor:
+    model = make_model()
+    if not equal_weights:
+        accumulate_gradients(model, loss_fn, x, y, micro)
+        return flat_grad(model)
+    pieces = list(zip(x.split(micro), y.split(micro)))
+    for xi, yi in pieces:  # the lecture's formula: every micro-batch weighted 1/k
+        (loss_fn(model(xi), yi) / len(pieces)).backward()
+    return flat_grad(model)
+
+
+exact = full_batch_grad(x_batch, y_batch, torch.float64)
+full32 = full_batch_grad(x_batch, y_batch)
+scale = exact.abs().max().item()
+print(f"gradient of the batch of {BATCH}, {exact.numel():,} entries; "
+      f"full batch in float32 vs float64: max |error| {(full32.double() - exact).abs().max().item() / scale:.1e} "
+      "(relative to the largest entry)")
+for micro in (32, 1):
+    acc = accumulated_grad(x_batch, y_batch, micro)
+    same_bits = (acc == full32).float().mean().item()
+    print(f"accumulated over micro-batches of {micro:2}: {same_bits:6.1%} of the entries bit-identical to the full "
+          f"batch's float32 gradient; max |difference| {(acc - full32).abs().max().item() / scale:.1e}, "
+          f"vs float64 {(acc.double() - exact).abs().max().item() / scale:.1e}")
+
+B_ODD = BATCH - 6  # not a multiple of 32: the last micro-batch holds 26 samples
+exact_odd = full_batch_grad(x_batch[:B_ODD], y_batch[:B_ODD], torch.float64)
+for label, equal in (("weights n_i / B", False), ("equal weights 1/k", True)):
+    g = accumulated_grad(x_batch[:B_ODD], y_batch[:B_ODD], 32, equal_weights=equal)
+    print(f"batch of {B_ODD} in micro-batches of 32, {label:17}: max |error| vs float64 "
+          f"{(g.double() - exact_odd).abs().max().item() / exact_odd.abs().max().item():.1e}")
+
+again = step_timing(BATCH)  # the full batch once more: a difference the repeats cannot carry
+for micro in (32, 1):
+    print(f"micro-batch {micro:2} vs full batch: {compare(step_times[micro], step_times[BATCH], (str(micro), 'full'))}")
+print(f"full batch, timed twice:    {compare(again, step_times[BATCH], ('second', 'first'))}")
+
+# %% [markdown]
+# The equal split is wrong as soon as the micro-batches differ in size: its error is orders of
+# magnitude above rounding. With the right weights, accumulation and the full batch share only
+# part of their bits, and both sit within a few float32 roundings of the float64 gradient (a
+# little further with more micro-batches: more additions into `.grad`). The same gradient to
+# float32 rounding, then, not the same bits. And the time is not a slight cost on this model:
+# the ratios are beyond the repeats' spread and grow with the number of forward passes. The
+# last line times the full batch a second time, where there is no real difference to find:
+# `compare` says whether its repeats could tell one.
 #
 # ## 7. Play with it
 #
@@ -677,8 +749,9 @@ table = [
     (f"weights after {STEPS} steps, LayerNorm, accumulated vs full", "equal up to rounding", f"max diff {ln_diff:.1e}"),
     (f"weights after {STEPS} steps, BatchNorm, accumulated vs full", "not equal", f"max diff {bn_diff:.1e}"),
     (f"weights after {STEPS} steps, small batches vs full", "a different optimisation", f"max diff {small_diff:.1e}"),
-    ("time per step, micro-batch 32 / full", "slower: same FLOPs, more and smaller passes", f"{step_ms[32] / step_ms[BATCH]:.2f}×"),
-    ("time per step, micro-batch 1 / full", "much slower (avoid)", f"{step_ms[1] / step_ms[BATCH]:.1f}×"),
+    ("time per step, micro-batch 32 / full", "slower: same FLOPs, more and smaller passes",
+     compare(step_times[32], step_times[BATCH], ("32", "full"))),
+    ("time per step, micro-batch 1 / full", "much slower (avoid)", compare(step_times[1], step_times[BATCH], ("1", "full"))),
 ]
 literature_table(table, source="practice")
 
