@@ -343,28 +343,39 @@ def launch(fn: Callable, world_size: int, *args, timeout: float = 60, echo: bool
     procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, port, timeout, args, queue), daemon=True,
                          name=f"rank-{r}") for r in range(world_size)]
     got: dict[int, tuple] = {}
+    errors: dict[int, tuple[str, str]] = {}
+    grace = None  # once a rank failed: a moment for the others' errors (a peer's failure ends their collectives)
     try:
         for p in procs:
             p.start()
         deadline = start + timeout
-        while len(got) < world_size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+        while len(got) + len(errors) < world_size and (grace is None or time.monotonic() < grace):
+            remaining = (grace or deadline) - time.monotonic()
+            if remaining <= 0 and grace is None:
                 missing = sorted(set(range(world_size)) - set(got))
                 raise TimeoutError(f"ranks {missing} of {world_size} did not finish within {timeout} s (a collective "
                                    "that not every rank calls waits forever); printed: "
                                    + ("; ".join(f"rank {r}: {got[r][1][-300:]!r}" for r in sorted(got)) or "nothing"))
             try:
-                rank, status, payload, printed = queue.get(timeout=min(remaining, 0.5))
+                rank, status, payload, printed = queue.get(timeout=max(0.01, min(remaining, 0.5)))
             except queue_module.Empty:  # check the processes and the deadline
                 dead = [p for p in procs if p.exitcode not in (None, 0)]
-                if dead:
+                if dead and not errors:
                     raise RankFailed(f"{dead[0].name} died with exit code {dead[0].exitcode} before reporting")
                 continue
             if status == "error":
-                raise RankFailed(f"rank {rank} of {world_size} raised:\n{payload}"
-                                 + (f"\nit printed:\n{printed}" if printed else ""))
-            got[rank] = (payload, printed)
+                errors[rank] = (payload, printed)
+                grace = grace or time.monotonic() + 2.0
+            else:
+                got[rank] = (payload, printed)
+        if errors:
+            # The rank whose own code failed, before those that failed because it went away.
+            first = min(errors, key=lambda r: ("distributed_c10d" in errors[r][0], r))
+            payload, printed = errors[first]
+            others = [f"rank {r} ({errors[r][0].strip().splitlines()[-1][:200]})" for r in sorted(errors) if r != first]
+            raise RankFailed(f"rank {first} of {world_size} raised:\n{payload}"
+                             + (f"\nit printed:\n{printed}" if printed else "")
+                             + (f"\nthen {', '.join(others)} failed too" if others else ""))
     finally:
         for p in procs:
             if p.is_alive():
