@@ -185,9 +185,11 @@ def checkpoint(function, *args):
 
     Graded on: float32 modules: an MLP 37 → 53 → 29 → 11 (Linear, ReLU, Linear, Tanh, Linear) on inputs
     (7, 37) and (2, 5, 37); the same with dropout (p = 0.5, training mode); an input that needs no
-    gradient (it gets none, the parameters still get theirs), and ``nn.Bilinear(13, 17, 5)`` called with
-    two inputs of which only the second requires grad. The output and every gradient must equal plain
-    autograd's bit for bit (the recomputation runs the same kernels on the same inputs). Memory
+    gradient (it gets none, the parameters still get theirs), ``nn.Bilinear(13, 17, 5)`` called with
+    two inputs of which only the second requires grad, and a plain function (not an ``nn.Module``)
+    called with a tensor and a float (these three in ``test_checkpoint_edge_cases``). The output and
+    every gradient must equal plain autograd's bit for bit (the recomputation runs the same kernels on
+    the same inputs). Memory
     (``test_checkpoint_memory``) is read from outside your process, for six ``nn.Linear(W, W)`` + ReLU
     layers on a float32 (B, W) input whose sizes are drawn at grading time, W from 64 to 128 and B·W
     from 2^20 to 2^21 elements: between forward and backward, with the input and the output released,

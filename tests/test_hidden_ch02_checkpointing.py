@@ -36,20 +36,26 @@ GRADE_IDS = tuple(gid for ids in CELLS.values() for gid in ids)
 
 
 # --- checkpoint: a family of implementations, correct with the defaults ----------------------------
-def make_checkpoint(replay_rng=True, pass_params=True, keep_graph=False, rng_after=False, recompute_twice=False):
-    """autograd.grad-based checkpoint; each flag switches one ingredient off (or a pitfall on)."""
+def make_checkpoint(replay_rng=True, pass_params=True, keep_graph=False, rng_after=False, recompute_twice=False,
+                    modules_only=False, tensors_only=False):
+    """autograd.grad-based checkpoint; each flag switches one ingredient off (or a pitfall on). ``modules_only``:
+    asks every function for its parameters (a plain function has no parameters()); ``tensors_only``: saves every
+    argument with save_for_backward (which refuses a float)."""
 
     def checkpoint(function, *args):
         if keep_graph:  # "checkpoint" that stores every activation anyway
             return function(*args)
-        params = [p for p in function.parameters() if p.requires_grad] if pass_params else []
+        owns = modules_only or isinstance(function, nn.Module)
+        params = [p for p in function.parameters() if p.requires_grad] if pass_params and owns else []
         n = len(args)
 
         class Fn(torch.autograd.Function):
             @staticmethod
             def forward(ctx, *inputs):
                 ctx.state = torch.get_rng_state()
-                ctx.save_for_backward(*inputs[:n])
+                is_t = [tensors_only or isinstance(a, torch.Tensor) for a in inputs[:n]]
+                ctx.plain = [None if t else a for t, a in zip(is_t, inputs[:n])]
+                ctx.save_for_backward(*(a for t, a in zip(is_t, inputs[:n]) if t))
                 out = function(*inputs[:n])
                 if rng_after:  # the state after the draw: the recomputation draws another mask
                     ctx.state = torch.get_rng_state()
@@ -57,7 +63,9 @@ def make_checkpoint(replay_rng=True, pass_params=True, keep_graph=False, rng_aft
 
             @staticmethod
             def backward(ctx, grad):
-                xs = [t.detach().requires_grad_(ctx.needs_input_grad[i]) for i, t in enumerate(ctx.saved_tensors)]
+                saved = iter(ctx.saved_tensors)
+                xs = [next(saved).detach().requires_grad_(ctx.needs_input_grad[i]) if a is None else a
+                      for i, a in enumerate(ctx.plain)]
                 with torch.enable_grad(), torch.random.fork_rng(devices=[]):
                     if replay_rng:
                         torch.set_rng_state(ctx.state)
@@ -66,9 +74,10 @@ def make_checkpoint(replay_rng=True, pass_params=True, keep_graph=False, rng_aft
                         if replay_rng:
                             torch.set_rng_state(ctx.state)
                     out = function(*xs)
-                want = [x for x in xs if x.requires_grad] + params
+                grads_of = [isinstance(x, torch.Tensor) and x.requires_grad for x in xs]
+                want = [x for x, w in zip(xs, grads_of) if w] + params
                 got = iter(torch.autograd.grad(out, want, grad, allow_unused=True))
-                return tuple(next(got) if x.requires_grad else None for x in xs) + tuple(next(got) for _ in params)
+                return tuple(next(got) if w else None for w in grads_of) + tuple(next(got) for _ in params)
 
         return Fn.apply(*args, *params)
 
@@ -88,12 +97,15 @@ def make_accumulating(dummy=True):
             @staticmethod
             def forward(ctx, *inputs):
                 ctx.rng = torch.get_rng_state()
-                ctx.save_for_backward(*inputs[k:])
+                ctx.plain = [None if isinstance(a, torch.Tensor) else a for a in inputs[k:]]
+                ctx.save_for_backward(*(a for a in inputs[k:] if isinstance(a, torch.Tensor)))
                 return function(*inputs[k:])
 
             @staticmethod
             def backward(ctx, grad):
-                xs = [x.detach().requires_grad_(ctx.needs_input_grad[i + k]) for i, x in enumerate(ctx.saved_tensors)]
+                saved = iter(ctx.saved_tensors)
+                xs = [next(saved).detach().requires_grad_(ctx.needs_input_grad[i + k]) if a is None else a
+                      for i, a in enumerate(ctx.plain)]
                 state = torch.get_rng_state()
                 torch.set_rng_state(ctx.rng)
                 with torch.enable_grad():
@@ -101,7 +113,7 @@ def make_accumulating(dummy=True):
                 torch.set_rng_state(state)
                 torch.autograd.backward(out, grad)
                 return (*(None for _ in lead), *(x.grad if ctx.needs_input_grad[i + k] else None
-                                                 for i, x in enumerate(xs)))
+                                                 for i, x in enumerate(xs)))  # plain values need none
 
         return Fn.apply(*lead, *args)
 
@@ -450,6 +462,8 @@ PARTIAL = [
     ("checkpoint", make_checkpoint(keep_graph=True), ["test_checkpoint_memory"], "keeps only its inputs"),
     ("checkpoint", make_checkpoint(recompute_twice=True), ["test_checkpoint_memory"], "once in backward"),
     ("checkpoint", detached_when_large, ["test_checkpoint_memory"], "backward through the output raised"),
+    ("checkpoint", make_checkpoint(modules_only=True), ["test_checkpoint_edge_cases"], "any callable"),
+    ("checkpoint", make_checkpoint(tensors_only=True), ["test_checkpoint_edge_cases"], "plain values"),
     # checkpoint_uniform
     ("checkpoint_uniform", make_chunked(split_uniform_ceil), ["test_checkpoint_uniform"], "first n % k chunks"),
     ("checkpoint_uniform", make_chunked(split_uniform_rest_last), ["test_checkpoint_uniform"], "first n % k chunks"),
@@ -656,6 +670,10 @@ CONTRACT = [
            "before calling function", label="rng-state-after-the-draw"),
     Clause("checkpoint", _ATTACHED, (CK_EDGE,), {"checkpoint": make_accumulating(dummy=False)},
            "parameters of function still do"),
+    Clause("checkpoint", "or a callable without parameters of its own", (CK_EDGE,),
+           {"checkpoint": make_checkpoint(modules_only=True)}, "only an nn.Module has parameters"),
+    Clause("checkpoint", "tensors (with or without requires_grad) or plain values", (CK_EDGE,),
+           {"checkpoint": make_checkpoint(tensors_only=True)}, "save_for_backward does not take"),
     Clause("checkpoint", "Nothing computed inside function is saved for backward", (CK_MEM,),
            {"checkpoint": make_checkpoint(keep_graph=True)}, "keeps only its inputs"),
     Clause("checkpoint", "During backward function runs once more", (CK_MEM,),

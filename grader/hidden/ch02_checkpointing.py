@@ -5,8 +5,8 @@ checkpoint:
   the output and every gradient equal plain autograd's bit for bit (the recomputation runs the same
   kernels on the same inputs).
 - rng: with dropout in training mode, the same comparison: the recomputation draws the same mask.
-- edge cases: an input that needs no gradient (the parameters still get theirs) and two inputs of
-  which only the second requires grad.
+- edge cases: an input that needs no gradient (the parameters still get theirs), two inputs of
+  which only the second requires grad, and a plain function (no nn.Module) called with a float.
 - memory (test_checkpoint_memory): read from outside the student's process (``grader.resources``) for six
   Linear(W, W) + ReLU layers on a seeded (B, W) input drawn at grading time (W in 64..128, B * W from 2^20 to 2^21
   elements): between forward and backward the process may hold at most two inputs more than before; on that same
@@ -244,12 +244,50 @@ def check_checkpoint_rng(nb):
         _compare(got, ref, case["where"], RNG_HINT, output_hint=RNG_OUTPUT_HINT)
 
 
+CALLABLE_HINT = "function may be any callable and args may hold plain values, with or without tensors beside them"
+MODULE_ONLY_HINT = ("function may be any callable: only an nn.Module has parameters() (a plain function has none to "
+                    "pass on); ask for them only when isinstance(function, nn.Module)")
+PLAIN_VALUE_HINT = ("args may hold plain values, which save_for_backward does not take: keep those on ctx, save only "
+                    "the tensors, and hand the values back unchanged to the recomputation (they get no gradient)")
+
+
+def _callable_hint(error: str) -> str:
+    """The hint for what the error shows: a plain function asked for parameters, or a float saved as a tensor."""
+    if error.startswith("AttributeError") and "parameters" in error:
+        return MODULE_ONLY_HINT
+    if "save_for_backward" in error:
+        return PLAIN_VALUE_HINT
+    return CALLABLE_HINT
+
+
+def _check_plain_callable(nb) -> None:
+    """A function that is no nn.Module, called with a tensor and a plain float (the probe's tanh(x) * s + x)."""
+    scale = 2.5
+    x, g = _randn(5, 7, seed=17), _randn(5, 7, seed=18)
+    where = (f"for checkpoint(function, x, {scale}) with a plain function (no nn.Module, no parameters: "
+             f"tanh(x) * scale + x) and a float argument")
+    got = fetch(nb.apply(probes.ch02_run_callable, nb.checkpoint, x, scale, g))
+    if "error" in got:
+        raise AssertionError(f"{where}: it raised {got['error']}. {_callable_hint(got['error'])}")
+    if not got["attached"]:
+        raise AssertionError(f"{where}: the output is not attached to the autograd graph although x requires grad. "
+                             f"{ATTACH_HINT}")
+    xr = x.clone().requires_grad_(True)
+    yr = torch.tanh(xr) * scale + xr
+    yr.backward(g)
+    check_close(got["y"], yr.detach(), f"the output {where}", CALLABLE_HINT, **EXACT)
+    if got["dx"] is None:
+        raise AssertionError(f"{where}: no gradient reached x. {INPUT_GRAD_HINT}")
+    check_close(got["dx"], xr.grad, f"the gradient of x {where}", CALLABLE_HINT, **EXACT)
+
+
 @hidden_test("test_checkpoint_edge_cases", requires=("test_checkpoint_memory",))
 def check_checkpoint_edge_cases(nb):
     for case in _edge_cases():
         got, ref = _run_case(nb, case)
         _compare(got, ref, case["where"], EDGE_HINT,
                  inputs_need_grad=_needs_grad(case.get("x_requires_grad", True), case.get("extra", ())))
+    _check_plain_callable(nb)
 
 
 def _schedule_explanation(nb) -> str:

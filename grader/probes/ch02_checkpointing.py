@@ -61,3 +61,22 @@ def ch02_run_and_trace(fn: Callable, module: nn.Module, x: torch.Tensor, grad_ou
         "backward_calls": calls["backward"],
         "threads": threads,
     }
+
+
+def _ch02_tanh_scaled(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """A callable that is no nn.Module and has no parameters, called with a plain float."""
+    return torch.tanh(x) * scale + x
+
+
+def ch02_run_callable(fn: Callable, x: torch.Tensor, scale: float, grad_out: torch.Tensor) -> dict:
+    """Run ``fn(f, x, scale)`` with ``f(x, scale) = tanh(x) * scale + x``, a plain function, and back-propagate
+    ``grad_out``; report the output and x's gradient, or the exception raised (its type and message)."""
+    x = x.detach().clone().requires_grad_(True)
+    try:
+        y = fn(_ch02_tanh_scaled, x, scale)
+        if not isinstance(y, torch.Tensor) or y.grad_fn is None:
+            return {"attached": False}
+        y.backward(grad_out)
+    except Exception as e:  # noqa: BLE001 - reporting what was raised is the point
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"attached": True, "y": y.detach().clone(), "dx": None if x.grad is None else x.grad.clone()}
