@@ -6,10 +6,10 @@ it, and a wrong answer that breaks that property alone. :func:`contract_tests` t
 
 - every quoted phrase is in the released notebook, in the exercise's cell or the Markdown right above it (a
   contract that was reworded must be re-read, not silently kept);
-- every wrong answer fails exactly the cells its clause names, with the clause's message; any other cell of its
-  exercise that it fails waits on one of those (``grader.api.gates``: its points count only once they pass), so
-  that no cell blames a property the answer got right (the property is graded where the notebook says, and its
-  failure is explained there only);
+- every wrong answer fails exactly the cells its clause names, with the clause's message; the other cells of its
+  exercise pass, or wait on one of those (``grader.api.gates``: the autograder does not run them, and neither
+  does this test), so that no cell blames a property the answer got right (the property is graded where the
+  notebook says, and its failure is explained there only);
 - every graded cell of the chapter is named by some clause (no check grades something the text does not say).
 
 A property that only the sandbox can grade (memory or CPU time read from the worker's cgroup) names the test of
@@ -100,9 +100,14 @@ def contract_tests(chapter: str, clauses: list[Clause], namespace: Callable, che
             return
         assert clause.wrong, "a clause needs a wrong answer (or shown_by)"
         ns = namespace(**clause.wrong)
-        outcome = {cell: _failure(checks[cell], ns) for cell in own}
+        outcome, waiting = {}, set()
+        for cell in own:  # in notebook order, as the autograder runs them: a cell waiting on a lost one is not run
+            if set(waits.get(cell, ())) & ({c for c, why in outcome.items() if why is not None} | waiting):
+                waiting.add(cell)
+                continue
+            outcome[cell] = _failure(checks[cell], ns)
         failed = {cell for cell, why in outcome.items() if why is not None}
-        own_fault = {cell for cell in failed if not set(waits.get(cell, ())) & failed}
+        own_fault = failed
         assert own_fault == set(clause.cells), \
             f"breaking {clause.says!r} should fail exactly {sorted(clause.cells)} (and cells waiting on them); " \
             f"it failed {outcome}"
