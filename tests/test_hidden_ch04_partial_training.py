@@ -32,7 +32,9 @@ VALID = ("full", "last", "bn+last", "bias+last")
 def make_set_trainable(bn_takes_conv_bias=False, bn_by_name=False, remembered_count=None, count_all=False,
                        never_freeze=False, bias_of_conv_only=False, accept_unknown=False, terse_error=False,
                        last_weight_only=False, count_tensors=False, bias_takes_bn_weight=False,
-                       type_error=False):
+                       type_error=False, bn2d_only=False):
+    norms = nn.BatchNorm2d if bn2d_only else (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
     def set_trainable(model, mode):
         if mode not in VALID and not accept_unknown:
             if type_error:
@@ -41,7 +43,7 @@ def make_set_trainable(bn_takes_conv_bias=False, bn_by_name=False, remembered_co
         wanted = []
         for module in model.modules():
             own = dict(module.named_parameters(recurse=False))
-            is_bn = isinstance(module, nn.BatchNorm2d) and not bn_by_name
+            is_bn = isinstance(module, norms) and not bn_by_name
             if mode == "bn+last" and is_bn:
                 wanted += own.values()
             if mode == "bias+last" and "bias" in own and (not bias_of_conv_only or isinstance(module, nn.Conv2d)):
@@ -486,3 +488,128 @@ def test_wrong_unpack_breaks_an_otherwise_correct_relu():
 # --- the same checks through the sandbox, as at autograde ------------------------------------------
 test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(
     CHAPTER, WRONG, {"relu_1bit": "test_relu_1bit_memory"})
+
+
+# --- the contract table: each property the text states, the cell that grades it, a wrong answer that breaks it --
+from contract_tables import Clause, contract_tests  # noqa: E402
+
+
+def set_trainable_frozen_copies(model, mode):
+    """The right flags, but every parameter that must freeze is replaced by a frozen copy (a new tensor)."""
+    count = make_set_trainable()(model, mode)
+    for module in model.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if not p.requires_grad:
+                module.register_parameter(name, nn.Parameter(p.detach().clone(), requires_grad=False))
+    return count
+
+
+def set_trainable_float_count(model, mode):
+    return float(make_set_trainable()(model, mode))
+
+
+def relu_detached(x):
+    return torch.relu(x).detach()
+
+
+def relu_in_float32(x):
+    return relu_ok(x.float())
+
+
+_ST, _PB, _UB, _RB = "set_trainable", "pack_bits", "unpack_bits", "relu_1bit"
+_LAYOUT = "element 8k + j of the flattened mask is bit j (value 2**j) of byte k"
+_LARGE = "a random 2-D mask of 2^20 to 15 × 2^20 elements whose shape"
+CONTRACT = [
+    Clause(_ST, "Convolution biases stay frozen", ("test_set_trainable",),
+           {_ST: make_set_trainable(bn_takes_conv_bias=True)}, "A convolution bias is not a BatchNorm"),
+    Clause(_ST, "whatever its attribute name", ("test_set_trainable",), {_ST: make_set_trainable(bn_by_name=True)},
+           "by type"),
+    Clause(_ST, "any instance of nn.BatchNorm1d/2d/3d", ("test_set_trainable",),
+           {_ST: make_set_trainable(bn2d_only=True)}, "whatever its dimensionality"),
+    Clause(_ST, "so calling set_trainable again with another mode switches cleanly", ("test_set_trainable",),
+           {_ST: make_set_trainable(never_freeze=True)}, "whatever it was before the call"),
+    Clause(_ST, "convolution and BatchNorm biases alike", ("test_set_trainable",),
+           {_ST: make_set_trainable(bias_of_conv_only=True)}, "BatchNorm biases .β. and convolution"),
+    Clause(_ST, "BatchNorm weights stay frozen", ("test_set_trainable",),
+           {_ST: make_set_trainable(bias_takes_bn_weight=True)}, "a BatchNorm weight .γ. stays frozen"),
+    Clause(_ST, "plus every parameter of model.classifier", ("test_set_trainable",),
+           {_ST: make_set_trainable(last_weight_only=True)}, "trains whole, in every mode"),
+    Clause(_ST, "change only requires_grad (adding, replacing or removing a parameter fails)",
+           ("test_set_trainable",), {_ST: set_trainable_frozen_copies}, "must not add, replace or remove"),
+    Clause(_ST, "The number of trainable parameters (elements, an int) in model after the call",
+           ("test_set_trainable",), {_ST: make_set_trainable(count_all=True)}, "every parameter of the model"),
+    Clause(_ST, "The number of trainable parameters (elements, an int) in model after the call",
+           ("test_set_trainable",), {_ST: make_set_trainable(count_tensors=True)},
+           "number of trainable parameter tensors", label="count-of-tensors"),
+    Clause(_ST, "The number of trainable parameters (elements, an int) in model after the call",
+           ("test_set_trainable",), {_ST: set_trainable_float_count}, "returned a float", label="count-as-float"),
+    Clause(_ST, "never by position or count: it must work on any TransferCNN, of any width or depth",
+           ("test_set_trainable",), {_ST: make_set_trainable(remembered_count=COUNTS_OF_THE_COURSE_CNN)},
+           "not a number remembered"),
+    Clause(_ST, "ValueError: for any other mode", ("test_set_trainable_errors",),
+           {_ST: make_set_trainable(accept_unknown=True)}, "must raise ValueError"),
+    Clause(_ST, "ValueError: for any other mode", ("test_set_trainable_errors",),
+           {_ST: make_set_trainable(type_error=True)}, "raised TypeError", label="type-error"),
+    Clause(_ST, "the message lists the four valid modes", ("test_set_trainable_errors",),
+           {_ST: make_set_trainable(terse_error=True)}, "list the four valid modes"),
+    Clause(_PB, _LAYOUT, ("test_pack_bits",), {_PB: make_pack_bits(msb_first=True)}, "most significant bit first"),
+    Clause(_PB, _LAYOUT, ("test_pack_bits",), {_PB: make_pack_bits(reverse_bytes=True)}, "bytes are in reverse order",
+           label="reversed-bytes"),
+    Clause(_PB, _LAYOUT, ("test_pack_bits",), {_PB: make_pack_bits(strided=True)}, "not \\(8, -1\\)",
+           label="strided-bytes"),
+    Clause(_PB, "flattened in row-major order", ("test_pack_bits",), {_PB: make_pack_bits(column_major=True)},
+           "flattened in another order"),
+    Clause(_PB, "the unused high bits of the last byte are 0", ("test_pack_bits",), {_PB: make_pack_bits(pad_value=1)},
+           "unused high bits of the last byte must be 0"),
+    Clause(_PB, "the unused high bits of the last byte are 0", ("test_pack_bits",),
+           {_PB: make_pack_bits(pad_front=True)}, "padding went before the elements", label="padding-in-front"),
+    Clause(_PB, "A flat torch.uint8 tensor of ceil(n / 8) bytes", ("test_pack_bits",),
+           {_PB: make_pack_bits(drop_tail=True)}, "the last, partly used byte must be kept"),
+    Clause(_PB, "Pack a boolean tensor 8 elements to a byte", ("test_pack_bits",),
+           {_PB: make_pack_bits(one_per_byte=True)}, "one byte per element"),
+    Clause(_PB, "A flat torch.uint8 tensor", ("test_pack_bits",), {_PB: make_pack_bits(out_dtype=torch.int64)},
+           "return a torch.uint8 tensor", label="uint8"),
+    Clause(_PB, _LARGE, ("test_pack_bits",), {_PB: by_size(make_pack_bits(msb_first=True), pack_ok)},
+           "drawn at grading time.*most significant bit first", label="msb-first-on-large-masks"),
+    Clause(_PB, "ValueError: if mask is not a bool tensor", ("test_pack_bits_errors",),
+           {_PB: make_pack_bits(check_dtype=False)}, "raise ValueError"),
+    Clause(_UB, "element 8k + j is bit j of byte k", ("test_unpack_bits",), {_UB: make_unpack_bits(msb_first=True)},
+           "read from bit 7 - j"),
+    Clause(_UB, "element 8k + j is bit j of byte k", ("test_unpack_bits",),
+           {_UB: make_unpack_bits(reverse_bytes=True)}, "bytes were read in reverse order", label="unpack-reversed"),
+    Clause(_UB, "element 8k + j is bit j of byte k", ("test_unpack_bits",), {_UB: make_unpack_bits(strided=True)},
+           "not its transpose", label="unpack-strided"),
+    Clause(_UB, "element 8k + j is bit j of byte k", ("test_unpack_bits",),
+           {_UB: by_size(make_unpack_bits(msb_first=True), unpack_ok)}, "read from bit 7 - j",
+           label="unpack-msb-first-on-large-masks"),
+    Clause(_UB, "A flat torch.bool tensor of numel elements", ("test_unpack_bits",),
+           {_UB: make_unpack_bits(from_end=True)}, "not the last numel"),
+    Clause(_UB, "bits beyond numel in its last byte may hold anything and are ignored", ("test_unpack_bits",),
+           {_UB: make_unpack_bits(keep_tail=True)}, "return exactly numel elements"),
+    Clause(_UB, "A flat torch.bool tensor", ("test_unpack_bits",), {_UB: make_unpack_bits(out_dtype=torch.uint8)},
+           "return a torch.bool tensor", label="unpack-bool"),
+    Clause(_UB, "ValueError: if packed is not uint8", ("test_unpack_bits",), {_UB: make_unpack_bits(check_dtype=False)},
+           "int64 tensor returned normally"),
+    Clause(_UB, "or holds fewer than numel bits", ("test_unpack_bits",), {_UB: make_unpack_bits(check_size=False)},
+           "with numel=17 returned normally"),
+    Clause(_RB, "the gradient is that of torch.relu (grad * (x > 0), so 0 where x == 0)", ("test_relu_1bit",),
+           {_RB: make_relu(mask_ge=True)}, "not x >= 0"),
+    Clause(_RB, "the output must be attached to the graph", ("test_relu_1bit",), {_RB: relu_detached}, "attached|graph"),
+    Clause(_RB, "torch.relu(x) (same shape and dtype)", ("test_relu_1bit",), {_RB: relu_in_float32}, "dtype"),
+    Clause(_RB, "saves **only** pack_bits(x > 0)", ("test_relu_1bit_memory",), {_RB: torch.relu}, "torch.relu keeps"),
+    Clause(_RB, "Saving the output, the input, or a bool mask (a byte per element) would all be correct and all miss "
+                "the point", ("test_relu_1bit_memory",), {_RB: make_relu(save="output")}, "torch.relu keeps"),
+    Clause(_RB, "exactly one tensor is saved with ctx.save_for_backward", ("test_relu_1bit_memory",),
+           {_RB: make_relu(save="packed+output")}, "torch.relu keeps"),
+    Clause(_RB, "the saved bytes must be exactly $\\lceil n/8 \\rceil$", ("test_relu_1bit_memory",),
+           {_RB: make_relu(save="bool")}, "a byte per element"),
+    Clause(_RB, "backward may use only the saved mask", ("test_relu_1bit_memory",), {_RB: make_relu(attr="x")},
+           "not x or the output kept some other way"),
+    Clause(_RB, "your process may hold at most the packed mask, with 1 MiB of slack", ("test_relu_1bit_memory",),
+           {_RB: relu_by_size(make_relu(save="bool"))}, "a bool mask .* exactly the packed mask"),
+    Clause(_RB, "and so must its gradient", ("test_relu_1bit_memory",), {_RB: relu_by_size(_PassThrough.apply)},
+           "the gradient of relu_1bit .* differs"),
+]
+
+test_contract_quotes_the_notebook, test_contract_wrong_answer_loses_only_its_cells, \
+    test_contract_covers_every_graded_cell = contract_tests(CHAPTER, CONTRACT, namespace, CHECKS, globals())

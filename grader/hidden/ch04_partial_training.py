@@ -95,6 +95,24 @@ def _plain_model(seed: int) -> TransferCNN:
     return model
 
 
+NORMS_MODEL = "a TransferCNN with an nn.BatchNorm1d block and an nn.BatchNorm3d block after its convolutions"
+
+
+def _norms_model(seed: int) -> TransferCNN:
+    """A TransferCNN(widths=(6, 8), strides=(1, 2)) followed, on its (B, 8, 6, 6) maps of a 12 x 12 input, by a
+    block that normalises them with an ``nn.BatchNorm1d`` (as (B, 8, 36)) and one with an ``nn.BatchNorm3d``
+    (as (B, 8, 1, 6, 6)): "any BatchNorm" means every dimensionality."""
+    model = TransferCNN(widths=(6, 8), strides=(1, 2), num_classes=3, seed=seed)
+    torch.manual_seed(seed)
+    model.blocks.append(nn.Sequential(nn.Flatten(2), nn.BatchNorm1d(8), nn.Unflatten(2, (6, 6))))
+    model.blocks.append(nn.Sequential(nn.Unflatten(2, (1, 6)), nn.BatchNorm3d(8), nn.Flatten(2, 3)))
+    for block in list(model.blocks)[-2:]:
+        with torch.no_grad():  # away from the identity, so that a wrong flag shows in the backward pass too
+            block[1].weight.uniform_(0.5, 1.5)
+            block[1].bias.uniform_(-0.5, 0.5)
+    return model
+
+
 def _drawn_model() -> tuple[str, nn.Module]:
     """A TransferCNN whose depth, widths, strides and class count are drawn at grading time."""
     depth = draw(2, 5)
@@ -114,6 +132,7 @@ def _models() -> dict[str, nn.Module]:
         "TransferCNN(widths=(6, 10, 14, 18, 22), strides=(1, 2, 1, 2, 1), num_classes=7)":
             TransferCNN(widths=(6, 10, 14, 18, 22), strides=(1, 2, 1, 2, 1), num_classes=7, seed=2),
         "a TransferCNN built from plain nn.Conv2d / nn.BatchNorm2d in nn.Sequential blocks": _plain_model(4),
+        NORMS_MODEL: _norms_model(5),
         drawn_name: drawn,
     }
 
@@ -154,7 +173,10 @@ def _diff_message(model_name: str, mode: str, history: list[str], got: dict, wan
         hint += " Every parameter the rule does not name must get requires_grad=False."
     if any(n.startswith("classifier.") for n in wrongly_off):
         hint += " model.classifier trains whole, in every mode: its weight and its bias."
-    if mode == "bn+last" and wrongly_off and "plain" in model_name:
+    if mode == "bn+last" and wrongly_off and model_name == NORMS_MODEL:
+        hint += (" Every BatchNorm trains, whatever its dimensionality: nn.BatchNorm1d, nn.BatchNorm2d and "
+                 "nn.BatchNorm3d (isinstance of each, or of their common base nn.modules.batchnorm._BatchNorm).")
+    elif mode == "bn+last" and wrongly_off and "plain" in model_name:
         hint += " Find BatchNorm layers by type (isinstance), not by attribute name."
     elif mode == "bias+last" and wrongly_off and all(n.endswith(".bias") for n in wrongly_off):
         hint += " Every bias trains, BatchNorm biases (β) and convolution biases alike: select by the name 'bias'."
@@ -195,10 +217,16 @@ def check_set_trainable(nb):
             rows = fetch(nb.apply(probes.tensor_states, sent[1]))
             got = {n: [numel[n], row["requires_grad"]] for n, row in zip(names, rows)}
             want = _expected_flags(model, mode)
+            run = fetch(nb.apply(probes.ch01_sgd_steps, handle, named, x, g, steps=1, lr=0.0, weight_decay=0.0))
             if any(got[n][1] != want[n] for n in want):
+                if "error" not in run and "?" in run["updated"][0]:  # the flags were set on tensors not the model's
+                    raise AssertionError(
+                        f"after set_trainable(model, {mode!r}) on {model_name} (after the modes {sequence[:i]}), "
+                        "one backward pass trains tensors the model did not have when it was passed in: "
+                        "set_trainable only changes requires_grad of the model's own parameters; it must not add, "
+                        "replace or remove any")
                 raise AssertionError(_diff_message(model_name, mode, sequence[:i], got, want, before))
             before = {n: got[n][1] for n in names}
-            run = fetch(nb.apply(probes.ch01_sgd_steps, handle, named, x, g, steps=1, lr=0.0, weight_decay=0.0))
             if "error" in run:
                 raise AssertionError(f"after set_trainable(model, {mode!r}) on {model_name}: {run['error']}")
             check_equal(run["updated"][0], sorted(n for n in want if want[n]),
