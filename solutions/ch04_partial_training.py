@@ -154,9 +154,10 @@ def set_trainable(model, mode):
     Raises:
         ValueError: for any other mode; the message lists the four valid modes.
 
-    Graded on, one cell per property. The modes: five models (the default ``TransferCNN``, two others of 3
+    Graded on, one cell per property. The modes: six models (the default ``TransferCNN``, two others of 3
     and 5 blocks with other widths, strides and class counts, one whose blocks are anonymous
-    ``nn.Sequential(nn.Conv2d, nn.BatchNorm2d, nn.ReLU)``, one convolution without bias, and a ``TransferCNN``
+    ``nn.Sequential(nn.Conv2d, nn.BatchNorm2d, nn.ReLU)``, one convolution without bias, one with an
+    ``nn.BatchNorm1d`` and an ``nn.BatchNorm3d`` block after its convolutions, and a ``TransferCNN``
     whose depth (2 to 5 blocks), widths (3 to 24), strides (1 or 2) and class count (2 to 9) are drawn at
     grading time), each through seven
     calls in a row that cycle through the modes. What trains is read off the model's own parameter tensors
@@ -323,6 +324,59 @@ print(f"the four ReLU outputs alone: {relu_fp32 / KIB:,.0f} KiB of fp32 "
 # halves them, and almost everything it still keeps is the ReLU outputs: fp32 tensors whose
 # backward would be satisfied by their sign. `last` keeps almost nothing, because nothing before the
 # classifier needs a gradient, so no graph is recorded there at all.
+#
+# ### Your lecture notes vs what we measure
+#
+# The lecture notes count what partial training saves in trainable parameters: freeze most of the
+# network, or train only the biases, and fine-tuning becomes cheap, because a frozen weight needs
+# no gradient and a bias gradient needs no stored activation. Two things that count hides:
+#
+# - freezing removes a weight's gradient and its two Adam moments, never the weight itself: the
+#   frozen weights stay in memory, so the parameter ratio is not a memory ratio;
+# - the activation saving of bias-only training exists only in layers written to exploit it
+#   (section 2's formula). PyTorch's own `nn.Conv2d` and `nn.BatchNorm2d` keep their input
+#   whatever is frozen (the per-layer table above), so the same recipe on the same weights saves
+#   no activations with them.
+#
+# The cell splits each recipe's saving against `full` into its parts, then measures `full` and
+# `bias+last` again with the lean layers replaced by PyTorch's own (same weights).
+
+# %%
+def with_torch_layers(model):
+    """``model`` with PyTorch's own ``nn.Conv2d`` / ``nn.BatchNorm2d`` in place of the lean layers (same weights)."""
+    for block in model.blocks:
+        conv, bn = block.conv, block.bn
+        block.conv = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding)
+        block.bn = nn.BatchNorm2d(bn.num_features)
+        block.conv.load_state_dict(conv.state_dict())
+        block.bn.load_state_dict(bn.state_dict())
+    return model
+
+
+full_mem = plain["full"]
+rows = []
+for mode in MODES[1:]:
+    m = plain[mode]
+    rows.append(f"| {mode} | {trainable['full'] / trainable[mode]:,.0f}× fewer "
+                f"| {(full_mem['params'] - m['params']) / KIB:,.0f} KiB "
+                f"| {(full_mem['grads'] + full_mem['optimizer_state'] - m['grads'] - m['optimizer_state']) / KIB:,.0f} KiB "
+                f"| {(full_mem['activations'] - m['activations']) / KIB:,.0f} KiB "
+                f"| {full_mem['total'] / m['total']:.1f}× |")
+display(Markdown("| mode vs full | trainable parameters | weights saved | gradients + Adam saved | activations saved "
+                 "| training memory |\n|---|---|---|---|---|---|\n" + "\n".join(rows)))
+for mode in ("full", "bias+last"):
+    torch_model = with_torch_layers(load_pretrained_cnn(num_classes=target.num_classes))
+    set_trainable(torch_model, mode)
+    ours = step_memory(torch_model)["activations"]
+    print(f"{mode:9} with nn.Conv2d / nn.BatchNorm2d: {ours / KIB:,.0f} KiB of activations "
+          f"(lean layers: {plain[mode]['activations'] / KIB:,.0f} KiB)")
+
+# %% [markdown]
+# The parameter ratio and the memory ratio are far apart: no frozen weight leaves memory (the
+# "weights saved" column), every recipe saves the gradients and Adam moments of the frozen
+# weights, and only the activation column tells the recipes apart. With PyTorch's own layers,
+# `bias+last` keeps about as many activation bytes as full fine-tuning (the last two lines): the
+# lean layers, not the choice of what trains, make that saving.
 #
 # ## 4. Exercise: pack bits
 #
@@ -660,8 +714,9 @@ plt.show()
 # ## 7. Play with it: the batch size
 #
 # Activations grow with the batch, model state does not. Move the slider: each bar is one training
-# step's memory, measured at that batch size (activations with `nn.ReLU`, activations with 1-bit
-# masks, and weights + gradients + Adam state).
+# step's whole memory, measured at that batch size: weights + gradients + Adam state (grey) with
+# the activations stacked on top (left bar `nn.ReLU`, right bar 1-bit masks). The number on a bar
+# is its total, and under it the activations alone.
 
 # %% tags=["demo"]
 widget_models = {(mode, bit): build(mode, one_bit=bit) for mode in MODES for bit in (False, True)}
@@ -694,10 +749,12 @@ def draw(ax, batch=BATCH):
                label="weights + grads + Adam" if not bit else None)
         bars = ax.bar(pos + offset, acts, width=0.38, bottom=state, color=[COLORS[m] for m in MODES],
                       hatch="//" if bit else None, edgecolor="k", lw=0.4, label=f"activations, {label}")
-        ax.bar_label(bars, labels=[f"{a:,.0f}" for a in acts], fontsize=7)
+        # The bar is the whole step (state + activations); its label gives both parts' sum and the activations.
+        ax.bar_label(bars, labels=[f"{s + a:,.0f}\nact. {a:,.0f}" for s, a in zip(state, acts)], fontsize=6)
     ax.set_xticks(pos, [f"{m}\n(left: nn.ReLU, right: 1-bit)" for m in MODES], fontsize=7)
-    ax.set_ylabel("training memory (KiB); labels: activations")
-    ax.set_title(f"batch {batch}", fontsize=9)
+    ax.set_ylabel("training memory (KiB): weights + grads + Adam\n(grey) + activations (colour)", fontsize=8)
+    ax.set_title(f"batch {batch}; on each bar: its total, then the activations in it (KiB)", fontsize=9)
+    ax.margins(y=0.15)  # room for the labels above the tallest bar
     ax.legend(fontsize=7, frameon=False, loc="upper right")
 
 
