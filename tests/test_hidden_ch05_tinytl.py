@@ -351,3 +351,90 @@ def test_apply_tinytl_loses_only_its_property(wrong, grade_id):
 # --- the same checks through the sandbox, as at autograde ------------------------------------------
 test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tests(
     CHAPTER, WRONG, {"LiteResidual": "test_LiteResidual", "apply_tinytl": "test_apply_tinytl"})
+
+
+# --- the contract table: each property the text states, the cell that grades it, a wrong answer that breaks it --
+from contract_tables import Clause, contract_tests  # noqa: E402
+
+
+def downsample_fixed_at_init():
+    """Right, but the pooling factor is copied at construction: setting .downsample afterwards changes nothing."""
+    base = make_lite()
+
+    class LiteResidual(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._factor = self.downsample
+
+        def forward(self, x):
+            saved, self.downsample = self.downsample, self._factor
+            try:
+                return super().forward(x)
+            finally:
+                self.downsample = saved
+
+    return LiteResidual
+
+
+def returns_a_copy(model):
+    """TinyTL on a copy: the model passed in is left as it was."""
+    import copy
+    return make_apply()(copy.deepcopy(model))
+
+
+_LR, _AT = "LiteResidual", "apply_tinytl"
+_LV, _LM, _LE = LITE_IDS
+_AV, _AM, _AX = APPLY_IDS
+CONTRACT = [
+    Clause(_LR, "with its weight γ initialised to 0 (bias 0): the branch outputs exactly zeros at init", (_LV,),
+           {_LR: make_lite(gamma=1.0)}, "not exactly zero"),
+    Clause(_LR, "The output size is the block's", (_LV,), {_LR: make_lite(up="input")}, "returned shape"),
+    Clause(_LR, 'mode="bilinear"', (_LV,), {_LR: make_lite(up="nearest")}, "differs from the reference"),
+    Clause(_LR, "Build the branch exactly in the order of the docstring", (_LV,),
+           {_LR: make_lite(stride_in_conv=True)}, "differs from the reference|returned shape"),
+    Clause(_LR, "downsample 1, 2, 4 and 8 (a window wider than a side of the map)", (_LV,),
+           {_LR: make_lite(pool="floor")}, "Output size is too small"),
+    Clause(_LR, "self.norm = nn.BatchNorm2d(out_channels)", (_LV,), {_LR: make_lite(norm="group")},
+           "differs from the reference"),
+    Clause(_LR, "a nonzero gradient of the final γ at init", (_LV,), {_LR: zero_scale_as_buffer()},
+           "received no gradient"),
+    Clause(_LR, "self.stride and self.downsample hold the arguments (section 7 varies downsample)", (_LV,),
+           {_LR: downsample_fixed_at_init()}, "whose .downsample was then set to 4"),
+    Clause(_LR, "no tensor at the input's full resolution may be kept", (_LM,), {_LR: make_lite(pool="torch")},
+           "full resolution"),
+    Clause(_LR, "your process may hold at most six tensors of the pooled size", (_LM,), {_LR: zeros_when_large()},
+           "full resolution"),
+    Clause(_LR, "that same call's weighted sum, a sample of the output and the sum of the input gradient are compared "
+                "with the reference", (_LM,), {_LR: zeros_when_large(at_init_only=False)}, "on the call measured"),
+    Clause(_LR, "ValueError: a channel count, stride, downsample or kernel_size below 1", (_LE,),
+           {_LR: make_lite(check=False)}, "should raise ValueError"),
+    Clause(_LR, "ValueError: a channel count, stride, downsample or kernel_size below 1", (_LE,),
+           {_LR: make_lite(check="old")}, r"in_channels=0 \(a channel count below 1\)", label="channel-count"),
+    Clause(_AT, "every other original weight is frozen", (_AV,), {_AT: make_apply(freeze_weights=False)},
+           r"output at init \(train mode\)"),
+    Clause(_AT, "every other original weight is frozen", (_AV,), {_AT: make_apply(freeze_weights="bn-only")},
+           "every original weight", label="conv-weights-frozen"),
+    Clause(_AT, "the original biases, all lite-residual parameters, the classifier's weight and bias", (_AV,),
+           {_AT: make_apply(train_bias=False)}, "every bias trains"),
+    Clause(_AT, "Its outputs at init equal those of the model passed in (eval mode), in eval and in train mode",
+           (_AV,), {_AT: make_apply(make_lite(gamma=1.0))}, "output at init"),
+    Clause(_AT, "the same model returned", (_AV,), {_AT: returns_a_copy}, "changes the model in place"),
+    Clause(_AT, "exactly one LiteResidual call per block in a forward, on the block's input", (_AV,),
+           {_AT: make_apply(on_output=True)}, "fed with the block's input"),
+    Clause(_AT, "beside every block model.blocks[i]", (_AV,), {_AT: make_apply(blocks={0, 1})}, "one per block"),
+    Clause(_AT, "**Groups rule:** groups = 2 when 2 divides both channel counts, else 1", (_AV,),
+           {_AT: make_apply(groups=1)}, "groups rule"),
+    Clause(_AT, "the default kernel size", (_AV,), {_AT: make_apply(kernel_size=3)}, "groups rule"),
+    Clause(_AT, "replace each block's ReLU (block.act) by the 1-bit one", (_AM,), {_AT: make_apply(one_bit=False)},
+           r"ReLU1bit\(\) \(relu_packed as a module\)"),
+    Clause(_AT, "may leave your process holding only the 1-bit ReLU masks, the classifier's fp32 input and the output",
+           (_AM,), {_AT: inflated_alone()}, r"ReLU1bit\(\) \(relu_packed as a module\)"),
+    Clause(_AT, "with the grader's own stand-in (exact zeros, nothing kept) in place of each of your LiteResidual "
+                "modules", (_AM,), {_AT: lite_outside_the_model()},
+           "a LiteResidual ran after the grader had put its stand-in"),
+    Clause(_AT, "must lower the loss by more than 0.05 and change every trainable parameter", (_AX,),
+           {_AT: make_apply(detach=True)}, "never changed"),
+]
+
+test_contract_quotes_the_notebook, test_contract_wrong_answer_loses_only_its_cells, \
+    test_contract_covers_every_graded_cell = contract_tests(CHAPTER, CONTRACT, namespace, CHECKS, globals())

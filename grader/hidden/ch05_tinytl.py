@@ -119,9 +119,12 @@ def _check_shape_and_zero(nb, cin, cout, stride, d, groups, k, H, W, seed):
     return roles, got
 
 
-def _check_reference(nb, cin, cout, stride, d, groups, k, H, W, seed):
+def _check_reference(nb, cin, cout, stride, d, groups, k, H, W, seed, built_with=None):
+    """``built_with``: construct with that downsample and set ``.downsample = d`` afterwards (section 7 does)."""
     roles, _ = _check_shape_and_zero(nb, cin, cout, stride, d, groups, k, H, W, seed)
-    lite = _lite(nb, cin, cout, stride, d, groups, k)
+    lite = _lite(nb, cin, cout, stride, d if built_with is None else built_with, groups, k)
+    if built_with is not None:
+        nb.apply(probes.ch05_set_downsample, lite, d)
     x = _randn(4, cin, H, W, seed=seed + 1)
     g = _randn(4, cout, math.ceil(H / stride), math.ceil(W / stride), seed=seed + 2)
     first = fetch(nb.apply(probes.ch05_lite_run, lite, x, g))
@@ -134,7 +137,13 @@ def _check_reference(nb, cin, cout, stride, d, groups, k, H, W, seed):
     y.backward(g.double())
     where = f"for LiteResidual({cin}, {cout}, stride={stride}, downsample={d}, groups={groups}, kernel_size={k}) " \
             f"on a (4, {cin}, {H}, {W}) input, in train mode, with random norm parameters"
-    check_close(got["y"], y.detach().float(), f"the output {where}", SPEC_HINT, **TOL)
+    hint = SPEC_HINT
+    if built_with is not None:
+        where = f"for LiteResidual({cin}, {cout}, stride={stride}, downsample={built_with}, groups={groups}, " \
+                f"kernel_size={k}) whose .downsample was then set to {d}, on a (4, {cin}, {H}, {W}) input"
+        hint = ("self.downsample holds the pooling factor and forward pools by it, read when forward runs: "
+                "setting .downsample after construction (section 7 does) changes the pooling")
+    check_close(got["y"], y.detach().float(), f"the output {where}", hint, **TOL)
     check_close(got["dx"], xr.grad.float(), f"the input gradient {where}", SPEC_HINT, **TOL)
     for role, name in roles.items():
         check_close(got["grads"][name], p[role].grad.float(), f"the gradient of {name} {where}", SPEC_HINT, **TOL)
@@ -151,6 +160,8 @@ def check_lite_residual(nb):
     for i, (cin, cout, stride, d, groups, k, H, W) in enumerate([
             (6, 10, 1, 2, 2, 5, 7, 9), (6, 4, 2, 2, 2, 3, 7, 9), (4, 6, 1, 4, 2, 5, 9, 7), (4, 6, 1, 1, 1, 3, 5, 6)]):
         _check_reference(nb, cin, cout, stride, d, groups, k, H, W, seed=40 + 10 * i)
+    # self.downsample holds the factor that forward pools by: set after construction, as section 7 does.
+    _check_reference(nb, 6, 4, 1, 4, 2, 3, 9, 7, seed=90, built_with=2)
 
 
 POOL_HINT = ("a tensor at the input's full resolution is kept. nn.AvgPool2d / F.avg_pool2d keep their whole input "

@@ -223,3 +223,8 @@ def ch05_train_steps(model: nn.Module, x: torch.Tensor, y: torch.Tensor, steps: 
         opt.step()
         losses.append(loss.item())
     return {"losses": losses, "changed": {n: bool((p.detach() != start[n]).any()) for n, p in params.items()}}
+
+
+def ch05_set_downsample(module: nn.Module, factor: int) -> None:
+    """Set ``module.downsample`` after construction, as the chapter's section 7 does (torch's own setattr)."""
+    nn.Module.__setattr__(module, "downsample", factor)
