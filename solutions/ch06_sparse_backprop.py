@@ -7,7 +7,7 @@
 #     prose_numbers:  # phrases whose numbers are definitions or quoted figures (tests/test_prose_numbers.py)
 #       - 'within 60 s and 4 GiB'  # the grader's limits per graded cell
 #       - 'reached 98.28% on MNIST'  # the authors' logged run
-#       - 'at most 2 MiB beyond x and W themselves'  # the grader's limit on what the forward keeps
+#       - 'at most 1 MiB beyond x and W themselves'  # the grader's limit on what the forward keeps
 #       - '(1,400 training and 397 test images)'  # the split defined in code
 #       - 'from 170 s to 29 s at top-80 (5.9×) with accuracy 98.20% → 98.27%; a POS-tagging LSTM''s from 16,167 s to 436 s at top-10 (37.1×), 97.22% → 97.25%; 1–4% of the weights'  # meProp paper and repository
 #       - '"5.9× (170 s → 29 s)"'
@@ -160,7 +160,8 @@ def meprop_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
           dW is None and not computed when the weight does not require grad (a frozen layer; checked by
           freeing x's storage).
         The forward keeps for backward at most what a dense Linear keeps: x and W themselves (no copy,
-        no other dtype); meProp saves compute, not memory.
+        no other dtype), whichever of them requires grad; meProp saves compute, not memory.
+        x, weight and bias are left as they are: the same tensors holding the same values.
         Ties in |g| or in the column sums may be broken either way: the tests use distinct magnitudes.
 
     Raises:
@@ -179,9 +180,9 @@ def meprop_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     their FLOPs, at most 32 / 1792); a call over the limit is timed once more, the dense backward too,
     and the better of each counts. dx, dW and db of
     those very calls are checked against the grader's own reference. That cell also reads from outside
-    your process what one forward keeps until backward (x of 4096 to 6144 rows by 1024, drawn, W 96 by
-    1024, both held by the grader meanwhile): at most 2 MiB beyond x and W themselves, its output checked
-    on the same call.
+    your process what one forward keeps until backward (x of 4096 to 6144 rows by 1024, drawn, W 512 by
+    1024, both held by the grader meanwhile; with x and W requiring grad, W frozen, and x not requiring
+    grad): at most 1 MiB beyond x and W themselves, its output and x and W checked on the same call.
     """
     ### BEGIN SOLUTION
     if x.dim() != 2:
@@ -462,7 +463,8 @@ def apply_meprop(model: nn.Module, k: int, unified: bool = False) -> nn.Module:
     replaced, at the same place in the module tree (same attribute or container key), by
     ``MePropLinear(layer, k, unified)`` from the setup cell. Nothing else changes: parameter names,
     their order and the Parameter objects themselves stay the same (an optimizer built before still
-    works). A model with a single Linear is returned unchanged.
+    works), and so do their values and requires_grad, and every module's training mode and settings
+    (dropout rates and the like). A model with a single Linear is returned unchanged.
 
     Returns:
         ``model`` itself, modified in place.

@@ -26,7 +26,7 @@ APPLY_IDS = ("test_apply_meprop", "test_apply_meprop_output_layer")
 # --- meprop_linear: a family, correct with the defaults ------------------------------------------------
 def make_meprop(signed=False, over_batch=False, index="abs_sum", sparse_db=False, sparse_dx=True, sparse_dw=True,
                 scatter=False, dense_dw=False, always_dx=False, dense_edges=True, check_dim=True, only_at=None,
-                only_unified=False, always_dw=False, save_copy=False):
+                only_unified=False, always_dw=False, save_copy=False, swap_data=False, private_copies=False):
     """``only_at``: the (B, n_in, n_out) at which the ``only_unified`` variant sparsifies; a dense backward on
     every other shape (the shapes an exercise text once published)."""
     def meprop_linear(x, weight, bias, k, unified=False):
@@ -37,13 +37,22 @@ def make_meprop(signed=False, over_batch=False, index="abs_sum", sparse_db=False
             @staticmethod
             def forward(ctx, x, w, b):
                 ctx.save_for_backward(x.clone() if save_copy else x, w)
-                return F.linear(x, w, b)
+                if private_copies:  # backward reads these, not what freeing the inputs' storage would break
+                    ctx.copies = (x.detach().clone() if not w.requires_grad else None, w.detach().clone())
+                y = F.linear(x, w, b)
+                if swap_data:  # the caller's tensors get fresh storage: freeing it frees nothing backward reads
+                    x.data, w.data = x.detach().clone(), w.detach().clone()
+                return y
 
             @staticmethod
             def backward(ctx, g):
                 x, w = ctx.saved_tensors
-                need_x = ctx.needs_input_grad[0] or always_dx
-                need_w = ctx.needs_input_grad[1] or always_dw
+                if private_copies:
+                    x = x if ctx.copies[0] is None else ctx.copies[0]
+                    w = ctx.copies[1]
+                need_x = ctx.needs_input_grad[0] or always_dx or private_copies
+                need_w_always = private_copies
+                need_w = ctx.needs_input_grad[1] or always_dw or need_w_always
                 dense = dense_edges and (k <= 0 or k >= g.shape[1])
                 if only_at is not None and unified == only_unified:
                     dense = dense or (g.shape[0], x.shape[1], g.shape[1]) not in only_at
@@ -187,7 +196,7 @@ class MePropLinear(nn.Module):
 
 
 def make_apply(include_output=False, top_level=False, copies=False, returns=True, drop_unified=False,
-               skip_no_bias=False, exact_type=False, patch_output=False):
+               skip_no_bias=False, exact_type=False, patch_output=False, tamper=None):
     """``patch_output``: the output layer stays the same nn.Linear object in its place, but its forward is
     rerouted through meprop_linear (sparse backward where the authors keep it dense)."""
     def apply_meprop(model, k, unified=False):
@@ -209,6 +218,20 @@ def make_apply(include_output=False, top_level=False, copies=False, returns=True
                 clone.load_state_dict(layer.state_dict())
                 layer = clone
             parent.register_module(name, MePropLinear(layer, k, False if drop_unified else unified))
+        if tamper == "zero_weights":
+            with torch.no_grad():
+                for _, _, layer in found[:-1]:
+                    layer.weight.zero_()
+        elif tamper == "freeze_bias":
+            for _, _, layer in found[:-1]:
+                if layer.bias is not None:
+                    layer.bias.requires_grad_(False)
+        elif tamper == "eval":
+            model.eval()
+        elif tamper == "dropout":
+            for m in model.modules():
+                if isinstance(m, nn.Dropout):
+                    m.p = 0.9
         if patch_output and found:
             output = found[-1][2]
             output.forward = MePropLinear(output, k, unified).forward
@@ -415,6 +438,9 @@ CONTRACT = [
            ("test_meprop_linear_compute",), shown_by="test_sandbox_masked_dense_products_lose_only_the_compute_cell"),
     Clause("meprop_linear", "keeps for backward at most what a dense Linear keeps: x and W themselves",
            ("test_meprop_linear_compute",), _linear(save_copy=True), "held .* more than before"),
+    Clause("meprop_linear", "no copy, no other dtype), whichever of them requires grad",
+           ("test_meprop_linear_compute",), _linear(private_copies=True), "held .* more than before",
+           label="private-copies"),
     Clause("meprop_linear", "dW is None and not computed when the weight does not require grad",
            ("test_meprop_linear_edge_cases",), _linear(always_dw=True), "backward read x"),
     Clause("meprop_linear", "it is None (checked by freeing W's storage between forward and backward)",
@@ -439,6 +465,16 @@ CONTRACT = [
            _apply(drop_unified=True), "unified=True"),
     Clause("apply_meprop", "``model`` itself, modified in place", ("test_apply_meprop",), _apply(returns=False),
            "returns it"),
+    Clause("apply_meprop", "Nothing else changes", ("test_apply_meprop",), _apply(tamper="zero_weights"),
+           "values of .* changed", label="weights-zeroed"),
+    Clause("apply_meprop", "Nothing else changes", ("test_apply_meprop",), _apply(tamper="freeze_bias"),
+           "requires_grad", label="biases-frozen"),
+    Clause("apply_meprop", "Nothing else changes", ("test_apply_meprop",), _apply(tamper="eval"), "training mode",
+           label="eval-mode"),
+    Clause("apply_meprop", "Nothing else changes", ("test_apply_meprop",), _apply(tamper="dropout"), "settings",
+           label="dropout-changed"),
+    Clause("meprop_linear", "x, weight and bias are left as they are", ("test_meprop_linear_values",),
+           _linear(swap_data=True), "no longer held the caller's values"),
 ]
 
 test_contract_quotes_the_notebook, test_contract_wrong_answer_loses_only_its_cells, \

@@ -117,8 +117,17 @@ def _top_rows(g: torch.Tensor, k: int) -> torch.Tensor:
     return torch.zeros_like(g).scatter(1, g.abs().topk(k, dim=1).indices, g.gather(1, g.abs().topk(k, dim=1).indices))
 
 
+INPUTS_HINT = ("leave x, weight and bias as they are: the same tensors holding the same values (no in-place "
+               "change, no .data replaced); save what backward needs with ctx.save_for_backward")
+
+
 def _run(nb, x, w, b, g, k, unified, **kw) -> dict:
-    return fetch(nb.apply(probes.ch06_linear_run, nb.meprop_linear, x, w, b, g, k, unified, **kw))
+    got = fetch(nb.apply(probes.ch06_linear_run, nb.meprop_linear, x, w, b, g, k, unified, **kw))
+    if got.get("changed"):
+        raise AssertionError(f"{_where(*x.shape, w.shape[0], k, unified, bias=b is not None)}: after the forward "
+                             f"pass, {' and '.join(got['changed'])} no longer held the caller's values in the caller's "
+                             f"storage. {INPUTS_HINT}")
+    return got
 
 
 def _where(B, n_in, n_out, k, unified, bias=True) -> str:
@@ -355,11 +364,12 @@ def _check_cpu(nb, meter: Meter) -> None:
 
 # --- meprop_linear: what the forward keeps ------------------------------------------------------------
 SAVED_ROWS = (4096, 6144)  # B of the measured forward, drawn: x is 16 to 24 MiB
-SAVED_IN, SAVED_OUT = 1024, 96
-SAVED_SLACK = 2 * MiB  # what the measured call may keep beyond x, W and the row sums it returns
+SAVED_IN, SAVED_OUT = 1024, 512  # W is 2 MiB: a copy of it shows too
+SAVED_SLACK = MiB  # what the measured call may keep beyond x, W and the row sums it returns
+SAVED_MODES = (("x and W requiring grad", True, True), ("W frozen", True, False), ("x not requiring grad", False, True))
 SAVED_HINT = ("the forward pass is a dense Linear's: it keeps for backward x and W themselves (ctx.save_for_backward"
-              "(x, weight)), never a copy, another dtype or a transposed contiguous x; meProp saves compute in "
-              "backward, not memory")
+              "(x, weight)), never a copy, another dtype or a transposed contiguous x, whichever of them requires "
+              "grad; meProp saves compute in backward, not memory")
 
 
 def _saved_call(x, w, weights, k, unified, fn):
@@ -368,8 +378,9 @@ def _saved_call(x, w, weights, k, unified, fn):
 
 
 def _check_saved(nb, meter: Meter) -> None:
-    """What the process holds between forward and backward, read from outside it, on a layer drawn now: at most
-    what a dense Linear keeps (x and W); the output of that very call checked against the judge's own."""
+    """What the process holds between forward and backward, read from outside it, on a layer drawn now, in each
+    mode of requires_grad: at most what a dense Linear keeps (x and W, held by the judge meanwhile); the output of
+    that very call, and x and W after it, checked against the judge's own."""
     B, k, unified = draw(*SAVED_ROWS), draw(1, SAVED_OUT - 1), bool(draw(0, 1))
     seeds = [new_seed() for _ in range(3)]
     weights = seeded((SAVED_OUT,), seed=seeds[2])
@@ -378,26 +389,35 @@ def _check_saved(nb, meter: Meter) -> None:
                         nb.meprop_linear)
     first.sum().backward()
     del first
-    # x and W stay held by the judge through the call, as a network's activations and weights are held by others:
-    # what the forward keeps beyond them (a copy, another dtype) is what the reading sees.
-    x = meter.tensor((B, SAVED_IN), seed=seeds[0]).tensor
-    w = meter.tensor((SAVED_OUT, SAVED_IN), seed=seeds[1]).tensor
-    held, rows = meter.held_by(lambda wts: _saved_call(x, w, wts, k, unified, nb.meprop_linear),
-                               inputs=lambda: [meter.put(weights)])
-    where = (f"meprop_linear(x, W, None, k={k}, unified={unified}) on x ({B}, {SAVED_IN}) and W ({SAVED_OUT}, "
-             f"{SAVED_IN}), sizes drawn at grading time")
-    x_bytes = 4 * B * SAVED_IN
-    if held.kept > 4 * B + SAVED_SLACK:
-        del rows
-        raise AssertionError(
-            f"{where}: between forward and backward, with x and W held by the grader and the output released, your "
-            f"process held {mib(held.kept)} more than before (read from outside your process), while x is "
-            f"{mib(x_bytes)}. {SAVED_HINT}")
     x64, w64 = seeded((B, SAVED_IN), seed=seeds[0]).double(), seeded((SAVED_OUT, SAVED_IN), seed=seeds[1]).double()
     ref = (x64 @ w64.t()) @ weights.double()
-    got = fetch(rows)
-    check_close(None if got is None else got.double(), ref, f"the output of {where}, each row summed with weights "
-                "drawn at grading time", FORWARD_HINT, atol=1e-3, rtol=1e-4)
+    x_rows, w_rows = x64.sum(1), w64.sum(1)
+    del x64, w64
+    x_bytes, w_bytes = 4 * B * SAVED_IN, 4 * SAVED_OUT * SAVED_IN
+    for mode, x_grad, w_grad in SAVED_MODES:
+        # x and W stay held by the judge through the call, as a network's activations and weights are held by
+        # others: what the forward keeps beyond them (a copy, another dtype) is what the reading sees.
+        x = meter.tensor((B, SAVED_IN), seed=seeds[0], requires_grad=x_grad).tensor
+        w = meter.tensor((SAVED_OUT, SAVED_IN), seed=seeds[1], requires_grad=w_grad).tensor
+        held, rows = meter.held_by(lambda wts: _saved_call(x, w, wts, k, unified, nb.meprop_linear),
+                                   inputs=lambda: [meter.put(weights)])
+        where = (f"meprop_linear(x, W, None, k={k}, unified={unified}) on x ({B}, {SAVED_IN}) and W ({SAVED_OUT}, "
+                 f"{SAVED_IN}), {mode}, sizes drawn at grading time")
+        if held.kept > 4 * B + SAVED_SLACK:
+            del rows
+            raise AssertionError(
+                f"{where}: between forward and backward, with x and W held by the grader and the output released, "
+                f"your process held {mib(held.kept)} more than before (read from outside your process), while x is "
+                f"{mib(x_bytes)} and W {mib(w_bytes)}. {SAVED_HINT}")
+        got = fetch(rows)
+        check_close(None if got is None else got.double(), ref, f"the output of {where}, each row summed with "
+                    "weights drawn at grading time", FORWARD_HINT, atol=1e-3, rtol=1e-4)
+        for name, t, want in (("x", x, x_rows), ("W", w, w_rows)):
+            after = fetch(t.detach().double().sum(1))
+            if after is None or not same_close(after, want, atol=1e-6, rtol=1e-9):
+                raise AssertionError(f"{where}: after the call, {name} no longer held the caller's values. "
+                                     f"{INPUTS_HINT}")
+        del x, w, rows
 
 
 class _FlopsNote:
@@ -576,6 +596,8 @@ def check_apply_meprop(nb):
         linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
         hidden, output = linears[:-1], linears[-1]
         params = [n for n, _ in model.named_parameters()]
+        original = {n: (q.detach().clone(), q.requires_grad) for n, q in model.named_parameters()}
+        settings = {name: (m.training, type(m).extra_repr(m)) for name, m in model.named_modules()}
         call = f"apply_meprop(model, {k}{'' if unified is None else f', unified={unified}'}) on {what}"
         got = fetch(nb.apply(probes.ch06_replace_describe, nb.apply_meprop, model, k, unified))
         if got["returned"] != "the same model":
@@ -616,6 +638,24 @@ def check_apply_meprop(nb):
         if got["params"] != [[n, n] for n in params]:
             raise AssertionError(f"{call}: the parameters (name after, name before) are {got['params']}; the same "
                                  f"Parameters under the same names, in the same order, were expected: {params}")
+        # Nothing else changes: values, requires_grad, training mode and settings of every module.
+        for n in params:
+            if not same_values(got["values"][n], original[n][0]):
+                raise AssertionError(f"{call}: the values of {n} changed; apply_meprop replaces modules and changes "
+                                     "nothing else (no parameter is modified)")
+            if got["requires_grad"][n] != original[n][1]:
+                raise AssertionError(f"{call}: {n}.requires_grad is now {got['requires_grad'][n]}; apply_meprop "
+                                     "changes nothing else (which parameters train is not its business)")
+        for name, m in found.items():
+            was = settings.get(name)
+            if was is None:
+                continue
+            now = (m["training"], m["settings"] if name not in hidden else was[1])
+            if now != was:
+                raise AssertionError(f"{call}: module {name or 'model'!r} changed its {'training mode' if now[0] != was[0] else 'settings'} "
+                                     f"({was[1] if now[0] == was[0] else was[0]!r} before, "
+                                     f"{now[1] if now[0] == was[0] else now[0]!r} after); apply_meprop changes nothing "
+                                     "but the hidden Linears")
     names = fetch(nb.apply(probes.raised, nb.apply_meprop, nn.Sequential(nn.ReLU(), nn.Tanh()), 3))
     if names is None or "ValueError" not in names:
         got = "returned" if names is None else f"raised {names[0]}"

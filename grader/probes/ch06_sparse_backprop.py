@@ -22,16 +22,22 @@ def ch06_linear_run(fn: Callable, x: torch.Tensor, weight: torch.Tensor, bias: t
     (x's) storage is released (resized to 0 bytes) between forward and backward, so a backward that reads
     it raises.
 
-    Reports what came back ("type", "attached", "y"), what backward raised ("error": class names and
+    Reports what came back ("type", "attached", "y"), which inputs the forward changed ("changed": names whose
+    storage or values differ after it), what backward raised ("error": class names and
     message, or None), the gradients ("dx", "dW", "db"; None where none arrived) and the backward
     FLOPs (for feedback only)."""
     x = x.detach().clone().requires_grad_(x_requires_grad)
     w = weight.detach().clone().requires_grad_(w_requires_grad)
     b = None if bias is None else bias.detach().clone().requires_grad_(True)
+    inputs = {"x": x, "weight": w, "bias": b}
+    kept = {name: (t.data_ptr(), t.detach().clone()) for name, t in inputs.items() if t is not None}
     y = fn(x, w, b, k, unified=unified)
+    # The inputs are left as they were: the same storage holding the same values (bit for bit, NaN included).
+    changed = [name for name, (ptr, before) in kept.items()
+               if inputs[name].data_ptr() != ptr or not torch.equal(_ch06_bits(inputs[name]), _ch06_bits(before))]
     if not isinstance(y, torch.Tensor):
-        return {"type": type(y).__name__, "attached": False, "y": None}
-    out = {"type": "Tensor", "attached": y.grad_fn is not None, "y": y.detach().clone()}
+        return {"type": type(y).__name__, "attached": False, "y": None, "changed": changed}
+    out = {"type": "Tensor", "attached": y.grad_fn is not None, "y": y.detach().clone(), "changed": changed}
     if not out["attached"]:
         return out
     if free_weight:
@@ -49,6 +55,11 @@ def ch06_linear_run(fn: Callable, x: torch.Tensor, weight: torch.Tensor, bias: t
     return out
 
 
+def _ch06_bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes, so that equal means bit for bit (NaN equal to the same NaN)."""
+    return t.detach().contiguous().view(torch.uint8)
+
+
 def _ch06_plain(value):
     return value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)[:100]
 
@@ -56,8 +67,9 @@ def _ch06_plain(value):
 def ch06_replace_describe(apply_fn: Callable, model: nn.Module, k: int, unified: bool | None = None) -> dict:
     """Call ``apply_fn(model, k)`` (``unified=`` only when given); describe what came back: every module
     (name, class name, the name it had before if it is an original module, the names before the call of
-    the Parameters it holds as ``weight`` and ``bias``, and its ``k`` and ``unified`` attributes when it
-    has them), and the parameters (name after, name before or None if new), in order."""
+    the Parameters it holds as ``weight`` and ``bias``, its ``k`` and ``unified`` attributes when it
+    has them, its training flag and settings (``extra_repr``)), and the parameters (name after, name before or
+    None if new; values; requires_grad), in order."""
     names = {id(p): n for n, p in _true_named_parameters(model)}
     originals = {id(m): n for n, m in _true_named_modules(model)}
     out = apply_fn(model, k) if unified is None else apply_fn(model, k, unified=unified)
@@ -70,9 +82,12 @@ def ch06_replace_describe(apply_fn: Callable, model: nn.Module, k: int, unified:
             t = getattr(m, attr, None)
             held[attr] = names.get(id(t), "a new tensor") if isinstance(t, torch.Tensor) else None
         modules.append({"name": name, "class": type(m).__name__, "original": originals.get(id(m)), **held,
-                        "k": _ch06_plain(getattr(m, "k", None)), "unified": _ch06_plain(getattr(m, "unified", None))})
+                        "k": _ch06_plain(getattr(m, "k", None)), "unified": _ch06_plain(getattr(m, "unified", None)),
+                        "training": bool(m.training), "settings": str(type(m).extra_repr(m))[:300]})
     return {"returned": "the same model" if out is model else type(out).__name__, "modules": modules,
-            "params": [[n, names.get(id(p))] for n, p in _true_named_parameters(out)]}
+            "params": [[n, names.get(id(p))] for n, p in _true_named_parameters(out)],
+            "values": {n: p.detach().clone() for n, p in _true_named_parameters(out)},
+            "requires_grad": {n: bool(p.requires_grad) for n, p in _true_named_parameters(out)}}
 
 
 def ch06_output_layer_run(apply_fn: Callable, model: nn.Module, k: int, unified: bool, h: torch.Tensor,
