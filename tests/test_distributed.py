@@ -112,8 +112,12 @@ def test_a_failing_rank_stops_the_run_with_its_traceback():
 
 
 def test_a_hanging_rank_is_killed_at_the_deadline():
-    with pytest.raises(TimeoutError, match=r"ranks \[0\] of 2 did not finish within 3 s.*rank 1: 'rank 1 done"):
-        launch(_hangs_on_rank_zero, 2, timeout=3, echo=False)
+    """Rank 0 never returns: the run stops at the deadline naming it (and rank 1 too, on a machine so busy that
+    rank 1 had not finished either), with what finished ranks printed, and leaves no process."""
+    with pytest.raises(TimeoutError, match=r"ranks \[0(, 1)?\] of 2 did not finish within 8 s") as failure:
+        launch(_hangs_on_rank_zero, 2, timeout=8, echo=False)
+    message = str(failure.value)
+    assert "ranks [0, 1]" in message or "rank 1: 'rank 1 done" in message, message
     assert not multiprocessing.active_children()
 
 
