@@ -485,6 +485,35 @@ def check_compute(nb):
 
 
 # --- meprop_linear: edge cases -----------------------------------------------------------------------
+def _kept(g: torch.Tensor, k: int, unified: bool) -> torch.Tensor:
+    """The output gradient meProp back-propagates: g itself when k <= 0 or k >= n_out, else its kept entries."""
+    if not 0 < k < g.shape[1]:
+        return g
+    if unified:
+        index = _unified_index(g, k)
+        return torch.zeros_like(g).index_copy(1, index, g[:, index])
+    return _top_rows(g, k)
+
+
+def _freed_run(nb, B, n_in, n_out, k, unified, seed, frozen_weight: bool):
+    """One call whose input that needs no gradient (x, or a frozen weight) has the other operand's storage freed
+    between forward and backward (W, or x: what only the unneeded gradient reads); fails if backward read it."""
+    x, w, b = _inputs(B, n_in, n_out, seed)
+    g = _unified_grad(B, n_out, seed + 100) if unified else _per_example_grad(B, n_out, seed + 100)
+    if frozen_weight:
+        where, freed, hint = _where(B, n_in, n_out, k, unified) + ", W not requiring grad", "x", NO_DW_HINT
+        got = _run(nb, x, w, b, g, k, unified, w_requires_grad=False, free_input=True)
+    else:
+        where, freed, hint = _where(B, n_in, n_out, k, unified) + ", x not requiring grad", "W", NO_DX_HINT
+        got = _run(nb, x, w, b, g, k, unified, x_requires_grad=False, free_weight=True)
+    if got["type"] != "Tensor" or not got["attached"]:
+        raise AssertionError(f"{where}: returned {got['type']}{'' if got['attached'] else ' without grad_fn'}")
+    if got.get("error"):
+        raise AssertionError(f"{where}: backward read {freed} ({got['error']['types'][0]}: "
+                             f"{got['error']['message'][:120]}). {hint}")
+    return got, x, w, g, where
+
+
 @hidden_test("test_meprop_linear_edge_cases", requires=("test_meprop_linear_unified",))
 def check_edge_cases(nb):
     B, n_in, n_out = 37, 29, 53
@@ -501,45 +530,13 @@ def check_edge_cases(nb):
         _grad_check(got["db"], g.double().sum(0), "db", where, DENSE_K_HINT, {})
     # x without grad: W is freed after the forward pass, so a backward that computes dx raises.
     for i, (k, unified) in enumerate([(8, False), (8, True), (0, False), (0, True)]):
-        x, w, b = _inputs(B, n_in, n_out, 40 + i)
-        g = _unified_grad(B, n_out, 140 + i) if unified else _per_example_grad(B, n_out, 140 + i)
-        where = _where(B, n_in, n_out, k, unified) + ", x not requiring grad"
-        got = _run(nb, x, w, b, g, k, unified, x_requires_grad=False, free_weight=True)
-        if got["type"] != "Tensor" or not got["attached"]:
-            raise AssertionError(f"{where}: returned {got['type']}{'' if got['attached'] else ' without grad_fn'}")
-        if got.get("error"):
-            raise AssertionError(f"{where}: backward read W ({got['error']['types'][0]}: "
-                                 f"{got['error']['message'][:120]}). {NO_DX_HINT}")
-        if k > 0:
-            if unified:
-                index = _unified_index(g, k)
-                kept = torch.zeros_like(g).index_copy(1, index, g[:, index])
-            else:
-                kept = _top_rows(g, k)
-        else:
-            kept = g
-        _grad_check(got["dW"], kept.double().t() @ x.double(), "dW", where, NO_DX_HINT, {})
+        got, x, w, g, where = _freed_run(nb, B, n_in, n_out, k, unified, 40 + i, frozen_weight=False)
+        _grad_check(got["dW"], _kept(g, k, unified).double().t() @ x.double(), "dW", where, NO_DX_HINT, {})
         _grad_check(got["db"], g.double().sum(0), "db", where, BIAS_HINT, {})
     # A frozen weight: x is freed after the forward pass, so a backward that computes dW raises.
     for i, (k, unified) in enumerate([(8, False), (8, True), (0, False), (n_out, True)]):
-        x, w, b = _inputs(B, n_in, n_out, 44 + i)
-        g = _unified_grad(B, n_out, 144 + i) if unified else _per_example_grad(B, n_out, 144 + i)
-        where = _where(B, n_in, n_out, k, unified) + ", W not requiring grad"
-        got = _run(nb, x, w, b, g, k, unified, w_requires_grad=False, free_input=True)
-        if got["type"] != "Tensor" or not got["attached"]:
-            raise AssertionError(f"{where}: returned {got['type']}{'' if got['attached'] else ' without grad_fn'}")
-        if got.get("error"):
-            raise AssertionError(f"{where}: backward read x ({got['error']['types'][0]}: "
-                                 f"{got['error']['message'][:120]}). {NO_DW_HINT}")
-        if 0 < k < n_out:
-            if unified:
-                index = _unified_index(g, k)
-                kept = torch.zeros_like(g).index_copy(1, index, g[:, index])
-            else:
-                kept = _top_rows(g, k)
-        else:
-            kept = g
-        _grad_check(got["dx"], kept.double() @ w.double(), "dx", where,
+        got, x, w, g, where = _freed_run(nb, B, n_in, n_out, k, unified, 44 + i, frozen_weight=True)
+        _grad_check(got["dx"], _kept(g, k, unified).double() @ w.double(), "dx", where,
                     "a frozen weight changes nothing for dx: still the sparsified g times W", {})
         _grad_check(got["db"], g.double().sum(0), "db", where, BIAS_HINT, {})
     # No bias.
