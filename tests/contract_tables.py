@@ -100,15 +100,15 @@ def contract_tests(chapter: str, clauses: list[Clause], namespace: Callable, che
             return
         assert clause.wrong, "a clause needs a wrong answer (or shown_by)"
         ns = namespace(**clause.wrong)
-        outcome, waiting = {}, set()
+        outcome, failed, waiting = {}, set(), set()
         for cell in own:  # in notebook order, as the autograder runs them: a cell waiting on a lost one is not run
-            if set(waits.get(cell, ())) & ({c for c, why in outcome.items() if why is not None} | waiting):
+            if set(waits.get(cell, ())) & (failed | waiting):
                 waiting.add(cell)
                 continue
             outcome[cell] = _failure(checks[cell], ns)
-        failed = {cell for cell, why in outcome.items() if why is not None}
-        own_fault = failed
-        assert own_fault == set(clause.cells), \
+            if outcome[cell] is not None:
+                failed.add(cell)
+        assert failed == set(clause.cells), \
             f"breaking {clause.says!r} should fail exactly {sorted(clause.cells)} (and cells waiting on them); " \
             f"it failed {outcome}"
         if clause.message:
