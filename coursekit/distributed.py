@@ -137,14 +137,19 @@ class SimWorld(_World):
     def __repr__(self) -> str:
         return f"SimWorld({self.size})"
 
-    def all_reduce(self, tensors: Sequence[torch.Tensor], op: str = "sum") -> list[torch.Tensor]:
-        tensors = self._local(tensors, "all_reduce")
+    def _reduced(self, tensors: list[torch.Tensor], op: str) -> torch.Tensor:
+        """Every rank's tensor summed in rank order (divided by the world size for "mean"), a new tensor."""
         op = self._op(op)
         total = tensors[0].detach().clone()
         for t in tensors[1:]:
             total += t.detach()
         if op == "mean":
             total /= self.size
+        return total
+
+    def all_reduce(self, tensors: Sequence[torch.Tensor], op: str = "sum") -> list[torch.Tensor]:
+        tensors = self._local(tensors, "all_reduce")
+        total = self._reduced(tensors, op)
         for t in tensors:
             with torch.no_grad():
                 t.copy_(total)
@@ -153,13 +158,8 @@ class SimWorld(_World):
 
     def reduce_scatter(self, tensors: Sequence[torch.Tensor], op: str = "sum") -> list[torch.Tensor]:
         tensors = self._local(tensors, "reduce_scatter")
-        op = self._op(op)
         self._divisible(tensors[0], "reduce_scatter")
-        total = tensors[0].detach().clone()
-        for t in tensors[1:]:
-            total += t.detach()
-        if op == "mean":
-            total /= self.size
+        total = self._reduced(tensors, op)
         self.traffic.book("reduce_scatter", _nbytes(total))
         return [chunk.clone() for chunk in total.chunk(self.size)]
 
