@@ -10,6 +10,7 @@ rank *that this process plays*: :class:`SimWorld` plays all ``size`` ranks (list
             world.all_reduce([p.grad for p in params], op="mean")
 
     world = SimWorld(4)                         # graded exercises, tests, the sandbox: no processes
+    world = PartialWorld(4, ranks=[1])          # this process plays rank 1 of 4; the others hold a constant
     launch(lambda world: ..., world_size=2)     # the same function on 2 real gloo ranks (Linux, fork)
 
 The collectives (results exactly as ``torch.distributed``'s):
@@ -161,7 +162,8 @@ class SimWorld(_World):
         self._divisible(tensors[0], "reduce_scatter")
         total = self._reduced(tensors, op)
         self.traffic.book("reduce_scatter", _nbytes(total))
-        return [chunk.clone() for chunk in total.chunk(self.size)]
+        chunks = total.chunk(self.size)
+        return [chunks[r].clone() for r in self.ranks]  # rank r receives chunk r
 
     def all_gather(self, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         shards = self._local(shards, "all_gather")
@@ -175,7 +177,57 @@ class SimWorld(_World):
         tensors = self._local(tensors, "broadcast")
         if src not in self.ranks:
             raise ValueError(f"src must be a rank of the world (0 to {self.size - 1}), got {src!r}")
-        value = tensors[src].detach().clone()
+        value = tensors[self.ranks.index(src)].detach().clone()
+        for t in tensors:
+            with torch.no_grad():
+                t.copy_(value)
+        self.traffic.book("broadcast", _nbytes(value), src=src)
+        return tensors
+
+
+class PartialWorld(SimWorld):
+    """A world of ``size`` ranks in which this process plays only ``ranks`` (as each process of a real process
+    group plays its own); every other rank is simulated as contributing a tensor filled with ``fill`` to every
+    collective: its input to ``all_reduce`` and ``reduce_scatter``, its shard to ``all_gather``, the value a
+    ``broadcast`` from it sends. Lists hold one tensor per rank played, in the order of ``world.ranks``.
+
+    Code that reaches the other ranks only through the collectives gets what the full world would give if the
+    other ranks held ``fill``; code that averages the tensors it was given by itself does not."""
+
+    def __init__(self, size: int, ranks: Sequence[int], fill: float = 0.0):
+        super().__init__(size)
+        ranks = tuple(ranks)
+        if not ranks or len(set(ranks)) != len(ranks) or any(
+                isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < size for r in ranks):
+            raise ValueError(f"ranks must be distinct ranks of the world (0 to {size - 1}), got {list(ranks)}")
+        self.ranks = tuple(sorted(ranks))
+        self.fill = float(fill)
+
+    def __repr__(self) -> str:
+        return f"PartialWorld({self.size}, ranks={list(self.ranks)}, fill={self.fill})"
+
+    def _everyone(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One tensor per rank of the world, in rank order: ours, and ``fill`` for the others."""
+        mine = dict(zip(self.ranks, tensors))
+        like = tensors[0].detach()
+        return [mine[r].detach() if r in mine else torch.full_like(like, self.fill) for r in range(self.size)]
+
+    def _reduced(self, tensors: list[torch.Tensor], op: str) -> torch.Tensor:
+        return super()._reduced(self._everyone(tensors), op)
+
+    def all_gather(self, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        shards = self._local(shards, "all_gather")
+        if shards[0].dim() != 1:
+            raise ValueError(f"all_gather takes flat shards, got shape {tuple(shards[0].shape)}")
+        full = torch.cat(self._everyone(shards))
+        self.traffic.book("all_gather", _nbytes(full))
+        return [full.clone() for _ in shards]
+
+    def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> list[torch.Tensor]:
+        tensors = self._local(tensors, "broadcast")
+        if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.size:
+            raise ValueError(f"src must be a rank of the world (0 to {self.size - 1}), got {src!r}")
+        value = self._everyone(tensors)[src].clone()
         for t in tensors:
             with torch.no_grad():
                 t.copy_(value)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from coursekit.distributed import RankFailed, SimWorld, launch
+from coursekit.distributed import PartialWorld, RankFailed, SimWorld, launch
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="launch() forks (Linux only)")
 
@@ -61,6 +61,31 @@ def test_sim_world_books_ring_traffic():
     single = SimWorld(1)
     every_collective(single)
     assert single.traffic.sent == [0] and single.traffic.received == [0]
+
+
+def test_partial_world_plays_some_ranks_and_simulates_the_others():
+    """Ranks 0 and 2 of 3 played here, rank 1 holding 0.5 everywhere: the collectives give what the full world would,
+    lists hold the played ranks only, and the traffic booked is the full world's."""
+    world = PartialWorld(3, ranks=[2, 0], fill=0.5)
+    assert world.ranks == (0, 2)
+    out = every_collective(world)
+    assert sorted(out) == [0, 2]
+    total = _inputs(0) + _inputs(2) + 0.5
+    for r in (0, 2):
+        torch.testing.assert_close(out[r]["sum"], total)
+        torch.testing.assert_close(out[r]["mean"], total / 3)
+        torch.testing.assert_close(out[r]["shard"], total[4 * r:4 * r + 4])
+        torch.testing.assert_close(out[r]["gathered"], torch.tensor([0., 0, 0, .5, .5, .5, 2, 2, 2]))
+        torch.testing.assert_close(out[r]["broadcast"], _inputs(2))
+    full = SimWorld(3)
+    every_collective(full)
+    assert world.traffic.sent == full.traffic.sent and world.traffic.received == full.traffic.received
+    elsewhere = world.broadcast([torch.zeros(2), torch.ones(2)], src=1)
+    assert all(torch.equal(t, torch.full((2,), 0.5)) for t in elsewhere)
+    with pytest.raises(ValueError, match="distinct ranks"):
+        PartialWorld(3, ranks=[0, 3])
+    with pytest.raises(ValueError, match="one tensor per rank"):
+        world.all_reduce([torch.ones(2)] * 3)
 
 
 @pytest.mark.parametrize("call, error", [
