@@ -1,0 +1,566 @@
+"""Hidden tests of ch11_data_parallel: ddp_step, shard_bounds, ShardedAdam, zero_memory, comm_volume.
+
+Every reference is computed here: one process training on all ranks' batches together (ddp_step), torch.optim.Adam
+on the averaged gradients or a sharded reference on the same kind of world (ShardedAdam), the formulas (the rest).
+The worlds the student's code gets are made in its process by a probe; a PartialWorld, whose other ranks hold a
+constant, tells code that reaches the other ranks through the collectives from code that averages what it was
+given. ShardedAdam's memory is read from outside the student's process (its cgroup) after a step on a model of 2 to
+3 million float32 parameters over 3 or 4 ranks, sizes drawn at grading time, with the parameters of that step
+checked against the reference.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from fractions import Fraction
+
+import torch
+from torch import nn
+
+from coursekit.checks import check_close, same_close
+from coursekit.distributed import PartialWorld, SimWorld
+from grader import probes
+from grader.api import fetch, hidden_test
+from grader.resources import MiB, Meter, draw, mib, new_seed
+
+TOL = dict(atol=1e-10, rtol=1e-8)  # float64
+F32_TOL = dict(atol=1e-5, rtol=1e-4)
+
+
+def _made(nb, probe, *args):
+    """``probe(*args)`` run in the student's process, its result left there: a handle (``nb.apply`` fetches)."""
+    return nb.put(probe)(*args)
+
+
+def _world(nb, size, ranks=None, fill=0.0):
+    return nb.put(SimWorld(size) if ranks is None else PartialWorld(size, ranks, fill))
+
+
+def _raises_value_error(nb, fn, *args, **kwargs) -> bool:
+    names = fetch(nb.apply(probes.raised, fn, *args, **kwargs))
+    return names is not None and "ValueError" in names
+
+
+# --- ddp_step ------------------------------------------------------------------------------------------------------
+def _mlp(sizes, seed: int, frozen: bool = False) -> nn.Sequential:
+    g = torch.Generator().manual_seed(seed)
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        lin = nn.Linear(a, b).double()
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(b, a, generator=g, dtype=torch.float64) / math.sqrt(a))
+            lin.bias.copy_(torch.randn(b, generator=g, dtype=torch.float64) * 0.1)
+        layers.append(lin)
+        if i < len(sizes) - 2:
+            layers.append(nn.Tanh())
+    model = nn.Sequential(*layers)
+    if frozen:
+        model[0].bias.requires_grad_(False)
+    return model
+
+
+def _optimizer(kind: str, params, lr: float):
+    return {"sgd": lambda: torch.optim.SGD(params, lr=lr, momentum=0.9),
+            "adam": lambda: torch.optim.Adam(params, lr=lr)}[kind]()
+
+
+def _batches(n_steps: int, n_ranks: int, B: int, d_in: int, d_out: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return [[(torch.randn(B, d_in, generator=g, dtype=torch.float64), torch.randn(B, d_out, generator=g,
+                                                                                     dtype=torch.float64))
+             for _ in range(n_ranks)] for _ in range(n_steps)]
+
+
+def _mse(model, batch):
+    x, y = batch
+    return nn.functional.mse_loss(model(x), y)
+
+
+def _one_process(model, kind, lr, steps):
+    """One process on all ranks' batches of each step, concatenated: the reference of a full world."""
+    model = copy.deepcopy(model)
+    opt = _optimizer(kind, [p for p in model.parameters() if p.requires_grad], lr)
+    losses = []
+    for batches in steps:
+        opt.zero_grad()
+        x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+        losses.append([_mse(model, b).item() for b in batches])
+        _mse(model, (x, y)).backward()
+        opt.step()
+    return model, losses
+
+
+def _partial_reference(model, kind, lr, steps, world: PartialWorld):
+    """The method on a PartialWorld, computed here: every local replica's gradients all-reduced (mean) with the other
+    ranks' constant."""
+    reps = [copy.deepcopy(model) for _ in world.ranks]
+    opts = [_optimizer(kind, [p for p in r.parameters() if p.requires_grad], lr) for r in reps]
+    for batches in steps:
+        for r, o, b in zip(reps, opts, batches):
+            o.zero_grad()
+            _mse(r, b).backward()
+        for params in zip(*(list(r.parameters()) for r in reps)):
+            if params[0].requires_grad:
+                total = sum(p.grad for p in params) + (world.size - len(world.ranks)) * world.fill
+                for p in params:
+                    p.grad = total / world.size
+        for o in opts:
+            o.step()
+    return reps
+
+
+def _run_ddp(nb, model, kind, lr, steps, world_args):
+    """The student's ddp_step on the ranks the world plays, one call per step; the replicas' flat parameters and
+    the returned values."""
+    world = _world(nb, *world_args)
+    n_local = len(world_args[1]) if len(world_args) > 1 and world_args[1] is not None else world_args[0]
+    reps = [copy.deepcopy(model) for _ in range(n_local)]
+    opts = [_optimizer(kind, [p for p in r.parameters() if p.requires_grad], lr) for r in reps]
+    state = nb.put((reps, opts, probes.ch11_MSELoss()))
+    returned = []
+    for batches in steps:
+        returned.append(fetch(nb.apply(probes.ch07_describe, nb.ddp_step(state[0], state[1], batches[:n_local],
+                                                                      state[2], world))))
+    return fetch(nb.apply(probes.ch11_flat_params, state[0])), returned
+
+
+def _flat(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+DDP_CASES = (  # (sizes, optimizer, lr, ranks, steps, batch, seed, frozen)
+    ([7, 11, 3], "sgd", 0.1, 2, 2, 5, 1, False),
+    ([9, 13, 6, 4], "adam", 0.02, 3, 2, 4, 2, False),
+    ([5, 8, 2], "sgd", 0.3, 4, 2, 6, 3, True),
+)
+SUM_HINT = ("the replicas equal one process trained with the learning rate multiplied by the number of ranks: average "
+            "the gradients (world.all_reduce(..., op='mean')), do not sum them")
+
+
+def _ddp_hint(model, kind, lr, steps, got) -> str:
+    n = len(steps[0])
+    summed, _ = _one_process(model, kind, lr * n, steps[:1]) if kind == "sgd" else (None, None)
+    if summed is not None and same_close(got[0][:_flat(summed).numel()], _flat(summed), **TOL):
+        return SUM_HINT
+    if len(steps) > 1:
+        return ("every replica must equal one process trained on all ranks' batches together: clear each replica's "
+                "gradients before its backward (those of an earlier call must not add in), average every gradient "
+                "over the ranks with one all-reduce (op='mean'), then step every optimizer")
+    return "average every parameter's gradient over all ranks (op='mean') before stepping every optimizer"
+
+
+@hidden_test("test_ddp_step_values")
+def check_ddp_step_values(nb):
+    for sizes, kind, lr, n, n_steps, B, seed, frozen in DDP_CASES:
+        model = _mlp(sizes, seed, frozen)
+        steps = _batches(n_steps, n, B, sizes[0], sizes[-1], 100 + seed)
+        what = (f"ddp_step on {n} ranks of an MLP {sizes}" + (" with a frozen bias" if frozen else "")
+                + f", {kind} lr {lr}, {n_steps} steps, {B} examples per rank")
+        flats, _ = _run_ddp(nb, model, kind, lr, steps, (n,))
+        ref, _ = _one_process(model, kind, lr, steps)
+        want = _flat(ref)
+        for r, got in enumerate(flats):
+            if got.shape != want.shape or not same_close(got, want, **TOL):
+                hint = _ddp_hint(model, kind, lr, steps, flats)
+                check_close(got, want, f"{what}: rank {r}'s parameters", hint, **TOL)
+
+
+@hidden_test("test_ddp_step_world")
+def check_ddp_step_world(nb):
+    for size, ranks, fill, kind, lr, seed in ((4, [0, 2], 0.25, "sgd", 0.1, 7), (3, [1], -0.5, "adam", 0.05, 8)):
+        sizes = [6, 9, 3]
+        model = _mlp(sizes, seed)
+        steps = _batches(2, len(ranks), 5, sizes[0], sizes[-1], 200 + seed)
+        what = (f"ddp_step on a PartialWorld of {size} ranks playing ranks {ranks} (the other ranks' gradients are "
+                f"all {fill}), {kind}, 2 steps")
+        flats, _ = _run_ddp(nb, model, kind, lr, steps, (size, ranks, fill))
+        world = PartialWorld(size, ranks, fill)
+        want = [_flat(r) for r in _partial_reference(model, kind, lr, steps, world)]
+        for i, (got, ref) in enumerate(zip(flats, want)):
+            if got.shape != ref.shape or not same_close(got, ref, **TOL):
+                alone = _one_process(model, kind, lr, steps)[0]
+                hint = ("average the gradients through world.all_reduce(..., op='mean'): the ranks played elsewhere "
+                        "contribute theirs only there")
+                if same_close(got, _flat(alone), **TOL):
+                    hint = ("the replicas were averaged among themselves, without the ranks played elsewhere: "
+                            "average every gradient with world.all_reduce(..., op='mean')")
+                check_close(got, ref, f"{what}: rank {ranks[i]}'s parameters", hint, **TOL)
+
+
+@hidden_test("test_ddp_step_returns")
+def check_ddp_step_returns(nb):
+    sizes = [6, 9, 3]
+    model = _mlp(sizes, 11)
+    steps = _batches(2, 3, 5, sizes[0], sizes[-1], 311)
+    _, returned = _run_ddp(nb, model, "sgd", 0.1, steps, (3,))
+    _, ref_losses = _one_process(model, "sgd", 0.1, steps)
+    for step, (desc, want) in enumerate(zip(returned, ref_losses)):
+        if desc["type"] != "list" or desc["items"] is None or len(desc["items"]) != 3:
+            raise AssertionError(f"step {step + 1}: ddp_step returned a {desc['type']}, expected a list of the 3 "
+                                 "ranks' losses as Python floats")
+        kinds = sorted({item["type"] for item in desc["items"]})
+        if kinds != ["float"]:
+            raise AssertionError(f"step {step + 1}: the losses are {kinds}, expected Python floats (loss.item())")
+        check_close(torch.tensor([item["value"] for item in desc["items"]], dtype=torch.float64),
+                    torch.tensor(want, dtype=torch.float64), f"step {step + 1}: the returned losses",
+                    "each rank's loss on its own batch, computed before the step", **TOL)
+    reps = [copy.deepcopy(model) for _ in range(3)]
+    opts = [_optimizer("sgd", r.parameters(), 0.1) for r in reps]
+    state = nb.put((reps, opts, probes.ch11_MSELoss()))
+    world = _world(nb, 3)
+    for args, what in (((state[0], state[1][:2], steps[0], state[2], world), "3 replicas and 2 optimizers"),
+                       ((state[0], state[1], steps[0][:2], state[2], world), "3 replicas and 2 batches"),
+                       ((state[0][:2], state[1][:2], steps[0][:2], state[2], world), "2 replicas on a world of 3")):
+        if not _raises_value_error(nb, nb.ddp_step, *args):
+            raise AssertionError(f"ddp_step with {what} should raise ValueError")
+
+
+# --- shard_bounds --------------------------------------------------------------------------------------------------
+def _bounds(numel: int, n: int) -> list[tuple[int, int]]:
+    length = -(-numel // n)
+    return [(r * length, (r + 1) * length) for r in range(n)]
+
+
+@hidden_test("test_shard_bounds_values")
+def check_shard_bounds_values(nb):
+    for numel, n in ((37 * 53 + 53, 3), (37 * 53 + 53, 4), (12, 4), (13, 4), (3, 5), (1, 1), (1000, 7), (7, 7),
+                     (8, 7), (2**20 + 1, 8)):
+        got = fetch(nb.shard_bounds(numel, n))
+        want = _bounds(numel, n)
+        if isinstance(got, tuple):
+            got = list(got)
+        if not isinstance(got, list) or [tuple(b) if isinstance(b, (list, tuple)) else b for b in got] != want:
+            hint = "rank r's shard is [r * L, (r + 1) * L) with L = ceil(numel / world_size), padding at the end"
+            if isinstance(got, list) and len(got) == n and all(isinstance(b, (list, tuple)) and len(b) == 2 for b in got):
+                floor = numel // n
+                pairs = [tuple(b) for b in got]
+                if pairs == [(r * floor, (r + 1) * floor) for r in range(n)]:
+                    hint = "the shards use floor(numel / N): the last elements belong to no rank; use the ceiling"
+                elif pairs[:-1] == want[:-1] and pairs[-1][1] == numel:
+                    hint = ("the last shard stops at numel, so it is shorter than the others: pad it to the common "
+                            "length L (the padding is part of the last shards)")
+            raise AssertionError(f"shard_bounds({numel}, {n}) returned {got!r:.200}, expected {want!r:.200}: {hint}")
+        if any(type(v) is not int for pair in got for v in pair):
+            raise AssertionError(f"shard_bounds({numel}, {n}): return the bounds as Python ints")
+
+
+@hidden_test("test_shard_bounds_errors")
+def check_shard_bounds_errors(nb):
+    for args in ((0, 3), (-4, 2), (10, 0), (10, -1), (10.0, 2), (10, 2.0), (True, 2), (10, True), ("10", 2)):
+        if not _raises_value_error(nb, nb.shard_bounds, *args):
+            raise AssertionError(f"shard_bounds{args} should raise ValueError")
+
+
+# --- ShardedAdam ---------------------------------------------------------------------------------------------------
+def _make_params(shapes, n, seed, dtype=torch.float64, tie=()):
+    return probes.ch11_make_params(shapes, n, seed, dtype, tie)
+
+
+def _distinct(ps):
+    return probes._ch11_distinct(ps)
+
+
+def _reference_sharded(params, world, grad_seeds, lr, betas, eps):
+    """The method on ``world`` (full or partial), computed here on copies: reduce-scatter (mean) of the padded flat
+    gradients, Adam on each played rank's shard, all-gather. Returns the flat parameters per played rank and the
+    moments per played rank."""
+    params = copy.deepcopy(params)
+    distinct = [_distinct(ps) for ps in params]
+    numel = sum(p.numel() for p in distinct[0])
+    bounds = _bounds(numel, world.size)
+    length = bounds[0][1] - bounds[0][0]
+    padded = length * world.size
+    dtype = distinct[0][0].dtype
+    m = {r: torch.zeros(length, dtype=dtype) for r in world.ranks}
+    v = {r: torch.zeros(length, dtype=dtype) for r in world.ranks}
+    flats = [torch.cat([p.detach().reshape(-1) for p in ps] + [torch.zeros(padded - numel, dtype=dtype)])
+             for ps in distinct]
+    for t, seed in enumerate(grad_seeds, start=1):
+        probes.ch11_set_grads(params, seed)
+        grads = [torch.cat([p.grad.reshape(-1) for p in ps] + [torch.zeros(padded - numel, dtype=dtype)])
+                 for ps in distinct]
+        shards = world.reduce_scatter(grads, op="mean")
+        new = []
+        for i, (r, g) in enumerate(zip(world.ranks, shards)):
+            m[r] = betas[0] * m[r] + (1 - betas[0]) * g
+            v[r] = betas[1] * v[r] + (1 - betas[1]) * g * g
+            start, stop = bounds[r]
+            p = flats[i][start:stop]
+            new.append(p - lr * (m[r] / (1 - betas[0] ** t)) / ((v[r] / (1 - betas[1] ** t)).sqrt() + eps))
+        flats = world.all_gather(new)
+        for ps, flat in zip(distinct, flats):
+            with torch.no_grad():
+                offset = 0
+                for p in ps:
+                    p.copy_(flat[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
+    return [f[:numel] for f in flats], m, v, bounds
+
+
+def _plain_adam(params, grad_seeds, n, lr, betas, eps):
+    """torch.optim.Adam on the average of the ranks' gradients: the reference of a full world."""
+    params = copy.deepcopy(params)
+    distinct = [_distinct(ps) for ps in params]
+    opt = torch.optim.Adam(distinct[0], lr=lr, betas=betas, eps=eps)
+    for seed in grad_seeds:
+        probes.ch11_set_grads(params, seed)
+        for i, p in enumerate(distinct[0]):
+            p.grad = sum(distinct[r][i].grad for r in range(n)) / n
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in distinct[0]])
+
+
+def _run_sharded(nb, shapes, n, seed, world_args, kwargs, grad_seeds, dtype=torch.float64, tie=()):
+    """The student's ShardedAdam built on parameters made in its process and stepped once per grad seed; the flat
+    parameters per played rank, the gradients left after each step, the state, and the optimizer's handle."""
+    n_local = len(world_args[1]) if len(world_args) > 1 else n
+    params = _made(nb, probes.ch11_make_params, shapes, n_local, seed, dtype, tie)
+    world = _world(nb, *world_args)
+    opt = nb.ShardedAdam(params, world, **kwargs)
+    left = []
+    for s in grad_seeds:
+        nb.apply(probes.ch11_set_grads, params, s)
+        opt.step()
+        left.append(fetch(nb.apply(probes.ch11_grads_left, params)))
+    flats = fetch(nb.apply(probes.ch11_flat, params))
+    ranks = list(world_args[1]) if len(world_args) > 1 else list(range(n))
+    state = fetch(nb.apply(probes.ch11_state, opt, ranks))
+    return flats, left, state
+
+
+SHARD_CASES = (  # (shapes, ranks, steps, lr, betas, eps, tie, seed)
+    ([(37, 53), (53,)], 3, 3, 0.01, (0.9, 0.999), 1e-8, (), 21),
+    ([(37, 53), (53,)], 4, 2, 0.05, (0.8, 0.95), 1e-6, (), 22),
+    ([(16, 9), (9,), (5, 16)], 2, 3, 0.02, (0.9, 0.99), 1e-8, ((3, 0),), 23),  # the first weight listed again
+    ([(7,), (3, 3)], 4, 1, 0.1, (0.9, 0.999), 1e-8, (), 24),  # 16 elements over 4: no padding
+)
+STEP_HINT = ("the step count t is one per step() call (the bias corrections use it), the same on every rank: keep it "
+             "per rank's state, incremented once per step")
+
+
+def _sharded_hint(flats, want, n, shapes, left, state) -> str:
+    differing = [r for r, f in enumerate(flats) if f.shape != want.shape or not same_close(f, want, **TOL)]
+    if 0 < len(differing) < n:
+        return (f"ranks {differing} differ from the others: every rank must end with all the updated shards, "
+                "all-gathered")
+    return ("every rank's parameters must equal torch.optim.Adam on the averaged gradients: reduce-scatter the padded "
+            "flat gradients (op='mean'), Adam on your shard with your moments (bias corrections with this step's "
+            "count), all-gather the shards and copy them back. " + STEP_HINT)
+
+
+def _check_state(what, state, ranks, m, v, steps, dtype):
+    if "error" in state:
+        raise AssertionError(f"{what}: ShardedAdam's {state['error']}: keep state[r] for each rank r this process "
+                             "plays")
+    for r in ranks:
+        row = state.get(str(r), {"type": "missing"})
+        if row.get("type") != "dict":
+            raise AssertionError(f"{what}: state[{r}] is {row.get('type')}, expected a dict with exp_avg, exp_avg_sq "
+                                 "and step")
+        for key, ref in (("exp_avg", m[r]), ("exp_avg_sq", v[r])):
+            got = row[key]
+            if not isinstance(got, torch.Tensor) or got.shape != ref.shape:
+                shape = tuple(got.shape) if isinstance(got, torch.Tensor) else got
+                raise AssertionError(f"{what}: state[{r}]['{key}'] is {shape}, expected a flat tensor of the shard's "
+                                     f"length {ref.numel()}: each rank keeps the moments of its shard only")
+            check_close(got.to(dtype), ref, f"{what}: state[{r}]['{key}']",
+                        "rank r's moments of its own shard (zeros at the padding)", **TOL)
+        if row["step"] != steps:
+            raise AssertionError(f"{what}: state[{r}]['step'] is {row['step']!r} after {steps} step() calls: "
+                                 + STEP_HINT)
+
+
+@hidden_test("test_sharded_adam_values")
+def check_sharded_adam_values(nb):
+    for shapes, n, n_steps, lr, betas, eps, tie, seed in SHARD_CASES:
+        grad_seeds = [1000 * seed + t for t in range(n_steps)]
+        kwargs = dict(lr=lr, betas=betas, eps=eps)
+        what = (f"ShardedAdam on {n} ranks, parameters {shapes}" + (" with a tied weight listed twice" if tie else "")
+                + f", {n_steps} steps, lr {lr}, betas {betas}, eps {eps}")
+        flats, left, state = _run_sharded(nb, shapes, n, seed, (n,), kwargs, grad_seeds, tie=tie)
+        params = _make_params(shapes, n, seed, tie=tie)
+        want = _plain_adam(params, grad_seeds, n, lr, betas, eps)
+        for r, got in enumerate(flats):
+            if got.shape != want.shape or not same_close(got, want, **TOL):
+                hint = _sharded_hint(flats, want, n, shapes, left, state)
+                if tie and got.shape == want.shape:
+                    hint = ("a tensor listed twice (tied weights) is one parameter: shard and update it once. " + hint)
+                check_close(got, want, f"{what}: rank {r}'s parameters", hint, **TOL)
+        _, m, v, _ = _reference_sharded(params, SimWorld(n), grad_seeds, lr, betas, eps)
+        _check_state(what, state, range(n), m, v, n_steps, torch.float64)
+
+
+@hidden_test("test_sharded_adam_world")
+def check_sharded_adam_world(nb):
+    for size, ranks, fill, seed in ((4, [1, 3], 0.5, 31), (3, [0], -0.25, 32)):
+        shapes = [(11, 7), (7,)]
+        grad_seeds = [2000 * seed, 2000 * seed + 1]
+        kwargs = dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8)
+        what = f"ShardedAdam on a PartialWorld of {size} ranks playing {ranks} (the other ranks hold {fill}), 2 steps"
+        flats, _, state = _run_sharded(nb, shapes, size, seed, (size, ranks, fill), kwargs, grad_seeds)
+        params = _make_params(shapes, len(ranks), seed)
+        want, m, v, _ = _reference_sharded(params, PartialWorld(size, ranks, fill), grad_seeds, 0.01, (0.9, 0.999),
+                                           1e-8)
+        for i, got in enumerate(flats):
+            check_close(got, want[i], f"{what}: rank {ranks[i]}'s parameters",
+                        "reach the other ranks only through world.reduce_scatter and world.all_gather, and index your "
+                        "shards by world.ranks (params[i] is rank world.ranks[i]'s)", **TOL)
+        _check_state(what, state, ranks, m, v, 2, torch.float64)
+        if state.get("keys") is not None and sorted(state["keys"]) != sorted(ranks):
+            raise AssertionError(f"{what}: state holds ranks {state['keys']}, expected the ranks this process plays, "
+                                 f"{ranks}: keep no state for ranks played elsewhere")
+
+
+@hidden_test("test_sharded_adam_zero2")
+def check_sharded_adam_zero2(nb):
+    shapes, n, seed = [(13, 6), (6,), (4, 6)], 3, 41
+    grad_seeds = [4100, 4101]
+    kwargs = dict(lr=0.02, betas=(0.9, 0.999), eps=1e-8, shard_grads=True)
+    what = f"ShardedAdam(..., shard_grads=True) on {n} ranks, 2 steps"
+    flats, left, _ = _run_sharded(nb, shapes, n, seed, (n,), kwargs, grad_seeds)
+    want = _plain_adam(_make_params(shapes, n, seed), grad_seeds, n, 0.02, (0.9, 0.999), 1e-8)
+    for r, got in enumerate(flats):
+        check_close(got, want, f"{what}: rank {r}'s parameters", "shard_grads changes what is kept, not the update",
+                    **TOL)
+    for step, flags in enumerate(left):
+        kept = [r for r, fl in enumerate(flags) if any(fl)]
+        if kept:
+            raise AssertionError(f"{what}: after step {step + 1}, ranks {kept} still have full gradients (.grad): "
+                                 "with shard_grads=True set every parameter's .grad to None once it is flattened")
+
+
+MEM_RANKS = (3, 4)
+MEM_PARAMS = (2_000_000, 3_000_000)
+MEM_SLACK = 2 * MiB
+
+
+@hidden_test("test_sharded_adam_memory", requires=("test_sharded_adam_values",))
+def check_sharded_adam_memory(nb):
+    meter = Meter(nb)
+    n = draw(*MEM_RANKS)
+    psi = draw(*MEM_PARAMS)
+    cols = 1024
+    rows = psi // cols
+    shapes = [(rows, cols), (psi - rows * cols + 7,)]
+    numel = rows * cols + shapes[1][0]
+    seed, grad_seed = new_seed() % 100_000, new_seed() % 100_000
+    length = -(-numel // n)
+    what = (f"ShardedAdam on {n} simulated ranks of {numel:,} float32 parameters (shards of {length:,} elements)")
+    params = _made(nb, probes.ch11_make_params, shapes, n, seed, torch.float32)
+    meter.booked += n * numel * 4
+    world = _world(nb, n)
+    kwargs = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
+    held, out = meter.held_by(lambda: _made(nb, probes.ch11_build_and_step, nb.ShardedAdam, params, world, kwargs,
+                                            grad_seed))
+    # Values of that very step: positions drawn across the vector, every shard boundary among them.
+    picks = torch.randint(0, numel, (2048,), generator=torch.Generator().manual_seed(seed))
+    edges = torch.tensor([b for r in range(n) for b in (r * length, min((r + 1) * length, numel) - 1)])
+    index = torch.cat([picks, edges.clamp(max=numel - 1)])
+    got = fetch(nb.apply(probes.ch11_flat, params, index))
+    ref_params = probes.ch11_make_params(shapes, n, seed, torch.float32)
+    want = _plain_adam(ref_params, [grad_seed], n, 1e-3, (0.9, 0.999), 1e-8)[index]
+    for r, values in enumerate(got):
+        check_close(values, want, f"{what}: rank {r}'s parameters after the step", "Adam on the averaged gradients",
+                    **F32_TOL)
+    moments = 2 * 4 * length * n
+    bound = moments + 4 * length * n + MEM_SLACK
+    if held.kept > bound:
+        raise AssertionError(
+            f"{what}: after one step the optimizer kept {mib(held.kept)} (read from outside your process), while the "
+            f"moments of the {n} shards take {mib(moments)}; with one more length-L float32 tensor per rank and "
+            f"{mib(MEM_SLACK)} it may keep {mib(bound)}. Keep, per rank, the two moments of its own shard only: "
+            f"full-size moments on every rank take {mib(2 * 4 * numel * n)}, and nothing of the whole model's size "
+            "may stay per rank between steps")
+    del out
+
+
+@hidden_test("test_sharded_adam_errors")
+def check_sharded_adam_errors(nb):
+    shapes = [(5, 3), (3,)]
+    params = _made(nb, probes.ch11_make_params, shapes, 3, 5)
+    world = _world(nb, 3)
+    for kwargs in ({"lr": -0.1}, {"betas": (1.0, 0.999)}, {"betas": (0.9, 1.0)}, {"betas": (-0.1, 0.999)},
+                   {"eps": -1e-8}):
+        if not _raises_value_error(nb, nb.ShardedAdam, params, world, **kwargs):
+            raise AssertionError(f"ShardedAdam(params, world, {kwargs}) should raise ValueError")
+    two = _made(nb, probes.ch11_make_params, shapes, 2, 5)
+    if not _raises_value_error(nb, nb.ShardedAdam, two, world):
+        raise AssertionError("ShardedAdam with 2 parameter lists on a SimWorld of 3 ranks should raise ValueError")
+    odd = _made(nb, probes.ch11_make_params, [(5, 4), (3,)], 1, 5)
+    mixed = _made(nb, probes.ch11_swap_last, _made(nb, probes.ch11_make_params, shapes, 3, 5), odd)
+    if not _raises_value_error(nb, nb.ShardedAdam, mixed, world):
+        raise AssertionError("ShardedAdam whose ranks' parameters have different shapes should raise ValueError")
+
+
+# --- zero_memory and comm_volume -----------------------------------------------------------------------------------
+def _zero_memory(psi, n, stage, p, g, k):
+    shard = -(-psi // n)
+    sharded = {0: (), 1: (2,), 2: (1, 2), 3: (0, 1, 2)}[stage]
+    return sum(b * (shard if i in sharded else psi) for i, b in enumerate((p, g, k)))
+
+
+MEMORY_CASES = [(7_500_000_000, 64, s, 2, 2, 12) for s in range(4)] + [
+    (1000, 4, s, 4, 4, 8) for s in range(4)] + [
+    (1001, 4, s, 2, 2, 12) for s in range(4)] + [
+    (37 * 53 + 53, 3, s, 2, 4, 16) for s in range(4)] + [
+    (10, 16, s, 1, 3, 5) for s in range(4)] + [
+    (123_457, 1, s, 2, 2, 12) for s in range(4)]
+
+
+def _memory_hint(args, got) -> str:
+    psi, n, stage, p, g, k = args
+    if got == round(psi * ({0: p + g + k, 1: p + g + k / n, 2: p + (g + k) / n, 3: (p + g + k) / n}[stage])):
+        return "shards hold ceil(Psi / N) elements (padding): use the ceiling, not Psi / N"
+    swapped = {1: (1,), 2: (0, 2), 3: (0, 1, 2)}
+    return (f"stage {stage} shards " + {0: "nothing", 1: "the optimizer state (K)", 2: "the gradients and the "
+            "optimizer state (G and K)", 3: "all three (P, G and K)"}[stage] + " over the N ranks")
+
+
+@hidden_test("test_zero_memory_values")
+def check_zero_memory_values(nb):
+    for args in MEMORY_CASES:
+        res = fetch(nb.apply(probes.ch11_number, nb.zero_memory(*args)))
+        want = _zero_memory(*args)
+        value = res["value"]
+        if res["type"] not in ("int", "float") or value is None or value != want:
+            raise AssertionError(f"zero_memory{args} returned {res['type']} {value!r}, expected {want}: "
+                                 + _memory_hint(args, value))
+
+
+@hidden_test("test_zero_memory_errors")
+def check_zero_memory_errors(nb):
+    for args in ((1000, 4, 4, 2, 2, 12), (1000, 4, -1, 2, 2, 12), (1000, 4, True, 2, 2, 12), (0, 4, 1, 2, 2, 12),
+                 (1000, 0, 1, 2, 2, 12), (1000.0, 4, 1, 2, 2, 12), (1000, 4, 1, -2, 2, 12), (1000, 4, 1, 2, -1, 12),
+                 (1000, 4, 1, 2, 2, -12)):
+        if not _raises_value_error(nb, nb.zero_memory, *args):
+            raise AssertionError(f"zero_memory{args} should raise ValueError")
+
+
+def _comm(stage, psi, n) -> Fraction:
+    return Fraction(3 if stage == 3 else 2) * (n - 1) * psi / n
+
+
+@hidden_test("test_comm_volume_values")
+def check_comm_volume_values(nb):
+    for stage in range(4):
+        for psi, n in ((1000, 4), (7_500_000_000, 64), (37 * 53 + 53, 3), (10, 1), (999, 7)):
+            res = fetch(nb.apply(probes.ch11_number, nb.comm_volume(stage, psi, n)))
+            want = _comm(stage, psi, n)
+            value = res["value"]
+            if res["type"] == "Fraction" and value is not None:
+                value = Fraction(value)
+            ok = value is not None and abs(float(value) - float(want)) <= 1e-9 * max(1.0, float(want))
+            if not ok:
+                hint = {0: "an all-reduce sends 2 (N-1)/N Psi per rank", 1: "a reduce-scatter of the gradients and an "
+                        "all-gather of the parameters: (N-1)/N Psi each", 2: "the same as stage 1: 2 (N-1)/N Psi",
+                        3: "parameters gathered for the forward and again for the backward, plus a reduce-scatter of "
+                        "the gradients: 3 (N-1)/N Psi"}[stage]
+                raise AssertionError(f"comm_volume({stage}, {psi}, {n}) returned {res['type']} {res['value']!r}, "
+                                     f"expected {float(want):.6g}: {hint}")
+
+
+@hidden_test("test_comm_volume_errors")
+def check_comm_volume_errors(nb):
+    for args in ((4, 1000, 4), (-1, 1000, 4), (True, 1000, 4), (1, 0, 4), (1, 1000, 0), (1, 1000.0, 4), (1, 1000, 2.0)):
+        if not _raises_value_error(nb, nb.comm_volume, *args):
+            raise AssertionError(f"comm_volume{args} should raise ValueError")
