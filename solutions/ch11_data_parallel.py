@@ -1024,7 +1024,8 @@ print(f"wrote {script_path} ({len(script.splitlines())} lines): torchrun --nproc
 # ## 7. Play with it: memory and communication per rank
 #
 # Choose a model size and a world size; the bars are each rank's model state under data
-# parallelism and ZeRO-1/2/3 (your `zero_memory`), the line the elements each rank sends per step
+# parallelism and ZeRO-1/2/3 (your `zero_memory`, split into parameters, gradients and optimizer
+# state by calling it with one byte count at a time), the lines the elements each rank sends per step
 # (your `comm_volume`). The byte convention switches between mixed-precision Adam (2 + 2 + 12)
 # and our fp32 case (4 + 4 + 8).
 
@@ -1037,9 +1038,17 @@ def draw_zero(axes, billions=7.5, log2_ranks=6, convention="mixed precision (2+2
     p, g, k = CONVENTIONS[convention]
     stages = [0, 1, 2, 3]
     mem = [zero_memory(psi_, n, s, p, g, k) / GB for s in stages]
+    names = ["DP" if s == 0 else f"ZeRO-{s}" for s in stages]
     ax = axes[0]
-    bars = ax.bar(["DP" if s == 0 else f"ZeRO-{s}" for s in stages], mem, color=["#8c8c8c", "C0", "C1", "C2"])
-    ax.bar_label(bars, labels=[f"{m:,.1f} GB" for m in mem], fontsize=10)
+    bottom = np.zeros(len(stages))
+    for what, sizes, color in (("parameters", (p, 0, 0), "C0"), ("gradients", (0, g, 0), "C1"),
+                               ("optimizer state", (0, 0, k), "C2")):
+        part = np.array([zero_memory(psi_, n, s, *sizes) / GB for s in stages])
+        ax.bar(names, part, bottom=bottom, color=color, label=what)
+        bottom += part
+    for i, m in enumerate(mem):
+        ax.text(i, m, f"{m:,.1f} GB", ha="center", va="bottom", fontsize=10)
+    ax.legend(frameon=False, fontsize=9)
     ax.set_ylabel("model state per rank (GB)")
     ax.set_title(f"{billions:g}B parameters on {n} ranks", fontsize=11)
     ax.set_ylim(0, max(mem) * 1.15)
