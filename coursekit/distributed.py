@@ -187,14 +187,22 @@ class SimWorld(_World):
 
 class PartialWorld(SimWorld):
     """A world of ``size`` ranks in which this process plays only ``ranks`` (as each process of a real process
-    group plays its own); every other rank is simulated as contributing a tensor filled with ``fill`` to every
-    collective: its input to ``all_reduce`` and ``reduce_scatter``, its shard to ``all_gather``, the value a
-    ``broadcast`` from it sends. Lists hold one tensor per rank played, in the order of ``world.ranks``.
+    group plays its own); every other rank is simulated. Lists hold one tensor per rank played, in the order of
+    ``world.ranks``.
 
-    Code that reaches the other ranks only through the collectives gets what the full world would give if the
-    other ranks held ``fill``; code that averages the tensors it was given by itself does not."""
+    What another rank contributes to a collective (its input to ``all_reduce`` and ``reduce_scatter``, its shard
+    to ``all_gather``, the value a ``broadcast`` from it sends):
 
-    def __init__(self, size: int, ranks: Sequence[int], fill: float = 0.0):
+    - by default, a tensor filled with ``fill``;
+    - with ``seed``, ``a_r * t + b_r``, where ``t`` is this process's first tensor of the call and the numbers
+      ``a_r``, ``b_r`` of each other rank r are drawn from ``seed`` (and not shown): tensors this process cannot
+      predict, the same element by element whatever the layout of the call (one tensor per parameter or one flat
+      bucket).
+
+    Code that reaches the other ranks only through the collectives gets what the full world would give; code that
+    averages the tensors it was given by itself does not."""
+
+    def __init__(self, size: int, ranks: Sequence[int], fill: float = 0.0, seed: int | None = None):
         super().__init__(size)
         ranks = tuple(ranks)
         if not ranks or len(set(ranks)) != len(ranks) or any(
@@ -202,15 +210,28 @@ class PartialWorld(SimWorld):
             raise ValueError(f"ranks must be distinct ranks of the world (0 to {size - 1}), got {list(ranks)}")
         self.ranks = tuple(sorted(ranks))
         self.fill = float(fill)
+        self._mix: dict[int, tuple[float, float]] = {}
+        if seed is not None:
+            generator = torch.Generator().manual_seed(int(seed))
+            draws = torch.rand(size, 2, generator=generator, dtype=torch.float64)
+            self._mix = {r: (0.5 + float(draws[r, 0]), float(draws[r, 1]) - 0.5) for r in range(size)
+                         if r not in self.ranks}
 
     def __repr__(self) -> str:
-        return f"PartialWorld({self.size}, ranks={list(self.ranks)}, fill={self.fill})"
+        others = "drawn" if self._mix else f"fill={self.fill}"
+        return f"PartialWorld({self.size}, ranks={list(self.ranks)}, other ranks: {others})"
+
+    def _other(self, rank: int, like: torch.Tensor) -> torch.Tensor:
+        if self._mix:
+            a, b = self._mix[rank]
+            return like * a + b
+        return torch.full_like(like, self.fill)
 
     def _everyone(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """One tensor per rank of the world, in rank order: ours, and ``fill`` for the others."""
+        """One tensor per rank of the world, in rank order: ours, and the simulated ranks' for the others."""
         mine = dict(zip(self.ranks, tensors))
         like = tensors[0].detach()
-        return [mine[r].detach() if r in mine else torch.full_like(like, self.fill) for r in range(self.size)]
+        return [mine[r].detach() if r in mine else self._other(r, like) for r in range(self.size)]
 
     def _reduced(self, tensors: list[torch.Tensor], op: str) -> torch.Tensor:
         return super()._reduced(self._everyone(tensors), op)

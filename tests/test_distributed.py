@@ -84,8 +84,33 @@ def test_partial_world_plays_some_ranks_and_simulates_the_others():
     assert all(torch.equal(t, torch.full((2,), 0.5)) for t in elsewhere)
     with pytest.raises(ValueError, match="distinct ranks"):
         PartialWorld(3, ranks=[0, 3])
+    assert "drawn" in repr(PartialWorld(3, ranks=[0], seed=5)) and "5" not in repr(PartialWorld(3, ranks=[0], seed=5))
     with pytest.raises(ValueError, match="one tensor per rank"):
         world.all_reduce([torch.ones(2)] * 3)
+
+
+def test_a_seeded_partial_world_draws_the_other_ranks_element_by_element():
+    """With a seed, the other ranks hold a_r t + b_r of this process's first tensor: the same drawn numbers for the
+    same seed, other numbers for another, and the same result whether a call is one flat bucket or one per tensor."""
+    a, b = torch.randn(5, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+
+    def per_tensor(world):
+        ts = [[a.clone(), b.clone()] for _ in world.ranks]
+        for pair in zip(*ts):
+            world.all_reduce(list(pair), op="mean")
+        return torch.cat(ts[0])
+
+    def bucket(world):
+        flats = [torch.cat([a, b]) for _ in world.ranks]
+        world.all_reduce(flats, op="mean")
+        return flats[0]
+
+    one, same, other = (PartialWorld(4, ranks=[1, 2], seed=s) for s in (7, 7, 8))
+    torch.testing.assert_close(per_tensor(one), bucket(same))
+    assert not torch.allclose(bucket(PartialWorld(4, ranks=[1, 2], seed=7)), bucket(other))
+    assert not torch.allclose(bucket(PartialWorld(4, ranks=[1, 2], seed=7)), torch.cat([a, b]))
+    gathered = PartialWorld(3, ranks=[0], seed=3).all_gather([torch.ones(2)])[0]
+    assert torch.equal(gathered[:2], torch.ones(2)) and not torch.equal(gathered[2:], torch.ones(4))
 
 
 @pytest.mark.parametrize("call, error", [
