@@ -139,7 +139,8 @@ SUM_HINT = ("the replicas equal one process trained with the learning rate multi
 
 def _ddp_hint(model, kind, lr, steps, got) -> str:
     n = len(steps[0])
-    summed, _ = _one_process(model, kind, lr * n, steps[:1]) if kind == "sgd" else (None, None)
+    # SGD (with momentum) on N times the mean gradient is SGD on the mean with N times the learning rate, every step
+    summed, _ = _one_process(model, kind, lr * n, steps) if kind == "sgd" else (None, None)
     if summed is not None and same_close(got[0][:_flat(summed).numel()], _flat(summed), **TOL):
         return SUM_HINT
     if len(steps) > 1:
@@ -225,23 +226,31 @@ def _bounds(numel: int, n: int) -> list[tuple[int, int]]:
 def check_shard_bounds_values(nb):
     for numel, n in ((37 * 53 + 53, 3), (37 * 53 + 53, 4), (12, 4), (13, 4), (3, 5), (1, 1), (1000, 7), (7, 7),
                      (8, 7), (2**20 + 1, 8)):
-        got = fetch(nb.shard_bounds(numel, n))
+        desc = fetch(nb.apply(probes.ch11_bounds, nb.shard_bounds(numel, n)))
         want = _bounds(numel, n)
-        if isinstance(got, tuple):
-            got = list(got)
-        if not isinstance(got, list) or [tuple(b) if isinstance(b, (list, tuple)) else b for b in got] != want:
+        items = desc["items"]
+        pairs = ([tuple(e["value"] for e in it["entries"]) for it in items]
+                 if items is not None and all(it["entries"] is not None for it in items) else None)
+        if pairs is not None and any(v is None for b in pairs for v in b):
+            kinds = sorted({e["type"] for it in items for e in it["entries"]})
+            raise AssertionError(f"shard_bounds({numel}, {n}) returned pairs of {', '.join(kinds)}: return a list of "
+                                 "(start, stop) pairs of Python ints")
+        if pairs != want:
             hint = "rank r's shard is [r * L, (r + 1) * L) with L = ceil(numel / world_size), padding at the end"
-            if isinstance(got, list) and len(got) == n and all(isinstance(b, (list, tuple)) and len(b) == 2 for b in got):
+            if pairs is not None and len(pairs) == n and all(len(b) == 2 for b in pairs):
                 floor = numel // n
-                pairs = [tuple(b) for b in got]
                 if pairs == [(r * floor, (r + 1) * floor) for r in range(n)]:
                     hint = "the shards use floor(numel / N): the last elements belong to no rank; use the ceiling"
                 elif pairs[:-1] == want[:-1] and pairs[-1][1] == numel:
                     hint = ("the last shard stops at numel, so it is shorter than the others: pad it to the common "
                             "length L (the padding is part of the last shards)")
-            raise AssertionError(f"shard_bounds({numel}, {n}) returned {got!r:.200}, expected {want!r:.200}: {hint}")
-        if any(type(v) is not int for pair in got for v in pair):
-            raise AssertionError(f"shard_bounds({numel}, {n}): return the bounds as Python ints")
+            shown = pairs if pairs is not None else f"a {desc['type']}"
+            raise AssertionError(f"shard_bounds({numel}, {n}) returned {shown!s:.200}, expected {want!r:.200}: {hint}")
+        kinds = sorted({e["type"] for it in items for e in it["entries"]} - {"int"})
+        if desc["type"] not in ("list", "tuple") or kinds:
+            what = f"a {desc['type']}" if desc["type"] not in ("list", "tuple") else ", ".join(kinds)
+            raise AssertionError(f"shard_bounds({numel}, {n}) returned the right bounds as {what}: return a list of "
+                                 "(start, stop) pairs of Python ints")
 
 
 @hidden_test("test_shard_bounds_errors")
@@ -338,17 +347,34 @@ STEP_HINT = ("the step count t is one per step() call (the bias corrections use 
              "per rank's state, incremented once per step")
 
 
-def _sharded_hint(flats, want, n, shapes, left, state) -> str:
+def _sharded_hint(flats, want, n, state, steps, start) -> str:
+    """What the parameters ``flats`` (per rank, after ``steps`` steps from the flat ``start``) show went wrong."""
     differing = [r for r, f in enumerate(flats) if f.shape != want.shape or not same_close(f, want, **TOL)]
     if 0 < len(differing) < n:
         return (f"ranks {differing} differ from the others: every rank must end with all the updated shards, "
                 "all-gathered")
+    if all(f.shape == want.shape for f in flats):
+        length = -(-want.numel() // n)
+        own = [slice(r * length, min((r + 1) * length, want.numel())) for r in range(n)]
+        if all(same_close(f[own[r]], want[own[r]], **TOL) for r, f in enumerate(flats)) and all(
+                same_close(f[own[q]], start[own[q]], **TOL) for r, f in enumerate(flats) for q in range(n) if q != r):
+            return ("each rank updated its own shard only and kept the others' as they were: all-gather the updated "
+                    "shards, so that every rank gets the whole updated vector and copies it back into its parameters")
+    rows = [state.get(str(r), {}) for r in range(n)] if "error" not in state else []
+    counts = sorted({row.get("step") for row in rows if row.get("type") == "dict"}, key=str)
+    if counts and counts != [steps]:
+        return (f"after {steps} step() calls the ranks' step counts are {counts}: " + STEP_HINT)
+    kinds = sorted({str(row[key].dtype) for row in rows if row.get("type") == "dict" for key in ("exp_avg", "exp_avg_sq")
+                    if isinstance(row.get(key), torch.Tensor)} - {str(want.dtype)})
+    if kinds:
+        return (f"the moments are {', '.join(kinds)} while the parameters are {want.dtype}: keep them in the "
+                "parameters' dtype")
     return ("every rank's parameters must equal torch.optim.Adam on the averaged gradients: reduce-scatter the padded "
             "flat gradients (op='mean'), Adam on your shard with your moments (bias corrections with this step's "
             "count), all-gather the shards and copy them back. " + STEP_HINT)
 
 
-def _check_state(what, state, ranks, m, v, steps, dtype):
+def _check_state(what, state, ranks, m, v, steps, dtype, tied=False):
     if "error" in state:
         raise AssertionError(f"{what}: ShardedAdam's {state['error']}: keep state[r] for each rank r this process "
                              "plays")
@@ -361,8 +387,11 @@ def _check_state(what, state, ranks, m, v, steps, dtype):
             got = row[key]
             if not isinstance(got, torch.Tensor) or got.shape != ref.shape:
                 shape = tuple(got.shape) if isinstance(got, torch.Tensor) else got
+                hint = ("a tensor listed twice (tied weights) is one parameter: flatten every distinct tensor once, "
+                        "so that Psi and the shards count it once" if tied and isinstance(got, torch.Tensor)
+                        and got.numel() > ref.numel() else "each rank keeps the moments of its shard only")
                 raise AssertionError(f"{what}: state[{r}]['{key}'] is {shape}, expected a flat tensor of the shard's "
-                                     f"length {ref.numel()}: each rank keeps the moments of its shard only")
+                                     f"length {ref.numel()}: {hint}")
             check_close(got.to(dtype), ref, f"{what}: state[{r}]['{key}']",
                         "rank r's moments of its own shard (zeros at the padding)", **TOL)
         if row["step"] != steps:
@@ -382,12 +411,13 @@ def check_sharded_adam_values(nb):
         want = _plain_adam(params, grad_seeds, n, lr, betas, eps)
         for r, got in enumerate(flats):
             if got.shape != want.shape or not same_close(got, want, **TOL):
-                hint = _sharded_hint(flats, want, n, shapes, left, state)
+                start = torch.cat([p.detach().reshape(-1) for p in _distinct(params[0])])
+                hint = _sharded_hint(flats, want, n, state, n_steps, start)
                 if tie and got.shape == want.shape:
                     hint = ("a tensor listed twice (tied weights) is one parameter: shard and update it once. " + hint)
                 check_close(got, want, f"{what}: rank {r}'s parameters", hint, **TOL)
         _, m, v, _ = _reference_sharded(params, SimWorld(n), grad_seeds, lr, betas, eps)
-        _check_state(what, state, range(n), m, v, n_steps, torch.float64)
+        _check_state(what, state, range(n), m, v, n_steps, torch.float64, tied=bool(tie))
 
 
 @hidden_test("test_sharded_adam_world")
@@ -546,7 +576,8 @@ def check_zero_memory_values(nb):
 
 @hidden_test("test_zero_memory_errors")
 def check_zero_memory_errors(nb):
-    for args in ((1000, 4, 4, 2, 2, 12), (1000, 4, -1, 2, 2, 12), (1000, 4, True, 2, 2, 12), (0, 4, 1, 2, 2, 12),
+    # A bool stage is not asked about: the text refuses a stage outside 0..3, and True == 1 lies inside.
+    for args in ((1000, 4, 4, 2, 2, 12), (1000, 4, -1, 2, 2, 12), (0, 4, 1, 2, 2, 12),
                  (1000, 0, 1, 2, 2, 12), (1000.0, 4, 1, 2, 2, 12), (1000, 4, 1, -2, 2, 12), (1000, 4, 1, 2, -1, 12),
                  (1000, 4, 1, 2, 2, -12)):
         if not _raises_value_error(nb, nb.zero_memory, *args):
@@ -578,6 +609,7 @@ def check_comm_volume_values(nb):
 
 @hidden_test("test_comm_volume_errors")
 def check_comm_volume_errors(nb):
-    for args in ((4, 1000, 4), (-1, 1000, 4), (True, 1000, 4), (1, 0, 4), (1, 1000, 0), (1, 1000.0, 4), (1, 1000, 2.0)):
+    # As for zero_memory, a bool stage is not asked about.
+    for args in ((4, 1000, 4), (-1, 1000, 4), (1, 0, 4), (1, 1000, 0), (1, 1000.0, 4), (1, 1000, 2.0)):
         if not _raises_value_error(nb, nb.comm_volume, *args):
             raise AssertionError(f"comm_volume{args} should raise ValueError")

@@ -130,3 +130,25 @@ def ch11_state(optimizer, ranks: list) -> dict:
 def ch11_swap_last(params: list, other: list) -> list:
     """``params`` with its last rank's parameters replaced by ``other``'s first rank's (shapes that differ)."""
     return [*params[:-1], other[0]]
+
+
+def ch11_bounds(value) -> dict:
+    """Returned shard bounds as plain data: the container's type and, per item, its type and (for a list or tuple)
+    each entry's type name and value (an integral number as an int, another real number as a float, else None)."""
+    import numbers
+
+    def entry(v) -> dict:
+        if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+            number = int(v)
+        elif isinstance(v, numbers.Real) and not isinstance(v, bool):
+            number = float(v)
+        else:
+            number = None
+        return {"type": type(v).__name__, "value": number}
+
+    items = None
+    if isinstance(value, (list, tuple)):
+        items = [{"type": type(b).__name__,
+                  "entries": [entry(v) for v in b[:4]] if isinstance(b, (list, tuple)) else None}
+                 for b in value[:4096]]
+    return {"type": type(value).__name__, "items": items}
