@@ -21,7 +21,7 @@ from grader.sandbox import judge
 from contract_tables import Clause, contract_tests
 from sandbox_checks import LIMITS, program, sandbox_tests
 from second_submissions_ch11_data_parallel import SECOND
-from wrong_submissions_ch11_data_parallel import MEMORY_WRONG, WRONG
+from wrong_submissions_ch11_data_parallel import FLAT_GRAD_WRONG, FULL_STATE_WRONG, WRONG
 
 CHAPTER = "ch11_data_parallel"
 CHECKS = checks_for(CHAPTER)
@@ -376,12 +376,12 @@ test_sandbox_reference_passes, test_sandbox_wrong_submission_fails = sandbox_tes
                                "comm_volume": "test_comm_volume_values"})
 
 
-@pytest.mark.parametrize("kind", sorted(MEMORY_WRONG))
-def test_sandbox_memory_wrong_loses_only_its_memory_cell(kind):
+@pytest.mark.parametrize("wrong", [FULL_STATE_WRONG, FLAT_GRAD_WRONG], ids=["full_state", "flat_grads"])
+def test_sandbox_memory_wrong_loses_only_its_memory_cell(wrong):
     """Full-size moments on every rank, or a whole flat gradient kept per rank between steps: every value and the
     reported state right, more than the shards' moments kept. The worker's cgroup shows it, so the memory cell fails
     and the exercise's other cells pass."""
-    program_ = program(CHAPTER, {"ShardedAdam": MEMORY_WRONG[kind][(CHAPTER, "ShardedAdam")]})
+    program_ = program(CHAPTER, {"ShardedAdam": wrong[(CHAPTER, "ShardedAdam")]})
     outcomes = judge.run_checks(CHAPTER, program_, GRADE_IDS["ShardedAdam"], LIMITS, checks=CHECKS)
     lost = {gid: o.reason for gid, o in outcomes.items() if not o.passed}
     assert list(lost) == ["test_sharded_adam_memory"], lost

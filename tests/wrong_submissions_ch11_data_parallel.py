@@ -2,7 +2,7 @@
 
 ``WRONG`` sums the gradients (ddp_step), cuts floor(numel / N) shards (shard_bounds), leaves out the all-gather
 (ShardedAdam), shards the gradients at stage 1 (zero_memory) and counts an all-reduce as one pass (comm_volume).
-``MEMORY_WRONG`` holds two ShardedAdam answers whose values are right and whose memory is not."""
+``FULL_STATE_WRONG`` and ``FLAT_GRAD_WRONG`` are ShardedAdam answers whose values are right and whose memory is not."""
 
 # The ShardedAdam answers share one skeleton: {doc} the docstring, {moments} the size and slice of each rank's
 # moments, {buffers} the flat gradients' tensors, {writeback} what each rank's parameters are set from.
@@ -151,15 +151,14 @@ def comm_volume(stage, num_params, world_size):
 # Wrong answers that lose only ShardedAdam's memory cell (test_sharded_adam_memory, read from outside the student's
 # process): every value and the reported state right, more kept per rank than its shard's moments. Graded through
 # the sandbox by tests/test_hidden_ch11_data_parallel.py.
-MEMORY_WRONG = {
-    # Moments of the whole flat vector on every rank, of which only its shard is used (and shown in state[r]).
-    "full_state": {("ch11_data_parallel", "ShardedAdam"): _SHARDED.format(
-        doc="every rank allocates Adam's moments for the whole flat vector and uses only its shard's slice of them "
-            "(state[r] shows that slice): the values of ZeRO-1, the moments' memory of plain Adam on every rank.",
-        moments="self.padded, r * self.length, (r + 1) * self.length", buffers=_FRESH, writeback=_GATHERED)},
-    # The padded flat gradient of every rank kept between steps, as a buffer the next step reuses.
-    "flat_grads": {("ch11_data_parallel", "ShardedAdam"): _SHARDED.format(
-        doc="each rank keeps its padded flat gradient between steps, a buffer the next step reuses: the values of "
-            "ZeRO-1, a whole model's gradients kept per rank.",
-        moments=_SHARD_MOMENTS, buffers=f"self.buffers = self.buffers or {_FRESH}", writeback=_GATHERED)},
-}
+# Moments of the whole flat vector on every rank, of which only its shard is used (and shown in state[r]).
+FULL_STATE_WRONG = {("ch11_data_parallel", "ShardedAdam"): _SHARDED.format(
+    doc="every rank allocates Adam's moments for the whole flat vector and uses only its shard's slice of them "
+        "(state[r] shows that slice): the values of ZeRO-1, the moments' memory of plain Adam on every rank.",
+    moments="self.padded, r * self.length, (r + 1) * self.length", buffers=_FRESH, writeback=_GATHERED)}
+
+# The padded flat gradient of every rank kept between steps, as a buffer the next step reuses.
+FLAT_GRAD_WRONG = {("ch11_data_parallel", "ShardedAdam"): _SHARDED.format(
+    doc="each rank keeps its padded flat gradient between steps, a buffer the next step reuses: the values of "
+        "ZeRO-1, a whole model's gradients kept per rank.",
+    moments=_SHARD_MOMENTS, buffers=f"self.buffers = self.buffers or {_FRESH}", writeback=_GATHERED)}
