@@ -4,8 +4,8 @@ Each case of ``tests/hostile_chapters/`` (format in its README) replaces one exe
 chapter's reference submission with wrong or forbidden code dressed up to score. One batch
 grades every case, one student each, next to the honest reference submission of every chapter
 where a case tries to harm other students. A case expecting ``"breach"`` must score 0 on every graded test cell of its exercise
-with a reason naming the construct; a case expecting ``"loses"`` must leave the chapter below
-full marks. The honest submissions keep full marks.
+with a reason naming the construct; a case expecting ``"loses"`` must lose points on a graded test cell of its own
+exercise. The honest submissions keep full marks.
 """
 from __future__ import annotations
 
@@ -84,9 +84,12 @@ def batch(tmp_path_factory, request):
     for chapter in sorted({c["CHAPTER"] for c in cases.values() if c["THREAT"] == "harm_others"}):
         write(sub, HONEST, chapter, reference(chapter))
     for name, case in cases.items():
-        # A breach is decided before anything runs: the other exercises may stay blank (fast);
-        # a case that must lose points keeps the reference for them, so that only it can lose.
-        base = blank(case["CHAPTER"]) if case["EXPECT"] == "breach" else None
+        # The other exercises stay blank (they fail at once, and the course's reference of an earlier one stands in
+        # while this one is graded): a breach is decided before anything runs, and a case that must lose points
+        # loses them on its own exercise's cells. One that harms others and runs keeps the reference for them, so that
+        # it is graded as long as an honest submission, beside the honest neighbour.
+        harms = case["THREAT"] == "harm_others" and case["EXPECT"] == "loses"
+        base = None if harms else blank(case["CHAPTER"])
         nb = with_exercise(case["CHAPTER"], case["EXERCISE"], case["SOURCE"], base=base)
         write(sub, student(name), case["CHAPTER"], nb)
     # --timeout: chapter 10's interpreted Triton test alone takes over 60 s on a busy 2-core machine
@@ -115,12 +118,12 @@ class TestBatch:
         chapter, exercise = case["CHAPTER"], case["EXERCISE"]
         rows = {r["problem"]: r for r in batch["rows"] if r["student_id"] == student(name)}
         assert rows, f"{name} was not graded"
-        if case["EXPECT"] == "loses":
-            score = sum(float(r["score"]) for r in rows.values())
-            assert score < sum(float(r["max_score"]) for r in rows.values()), f"{name} scored full marks"
-            return
         tests = release_layout(chapter).tests_of(exercise)
         assert tests, f"{chapter}: no graded test cell belongs to {exercise}"
+        if case["EXPECT"] == "loses":
+            lost = [gid for gid in tests if float(rows[gid]["score"]) < float(rows[gid]["max_score"])]
+            assert lost, f"{name} scored full marks on {exercise}'s cells {tests}"
+            return
         reasons = _reasons(batch["out"] / "feedback" / student(name) / f"{chapter}.html")
         for gid in tests:
             assert float(rows[gid]["score"]) == 0, f"{name}: {gid} scored {rows[gid]['score']}"
