@@ -1,4 +1,7 @@
-"""Build nbgrader-style submission folders for tests: SUB/<student>/<chapter>/<chapter>.ipynb."""
+"""Build nbgrader-style submission folders for tests: SUB/<student>/<chapter>/<chapter>.ipynb, and read back the
+reasons of a graded one's feedback page."""
+import html
+import re
 from pathlib import Path
 
 import nbformat
@@ -51,3 +54,10 @@ def write(sub: Path, student: str, chapter: str, nb) -> Path:
     else:
         nbformat.write(nb, path)
     return path
+
+
+def reasons(feedback: Path) -> dict[str, str]:
+    """grade_id -> reason, read back from a feedback page (``OUT/feedback/<student>/<chapter>.html``)."""
+    text = feedback.read_text(encoding="utf-8")
+    found = re.findall(r"<h3><code>([^<]*)</code></h3><div class='reason'>(.*?)</div>", text, re.S)
+    return {html.unescape(gid): html.unescape(reason) for gid, reason in found}

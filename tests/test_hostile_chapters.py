@@ -10,7 +10,6 @@ exercise. The honest submissions keep full marks.
 from __future__ import annotations
 
 import csv
-import html
 import re
 import runpy
 import subprocess
@@ -22,7 +21,7 @@ from conftest import ROOT, AUTOGRADE
 import profiling
 from grader.autograde import release_layout
 from grader.notebooks import chapters
-from submissions import blank, reference, with_exercise, write
+from submissions import blank, reasons, reference, with_exercise, write
 
 HERE = Path(__file__).with_name("hostile_chapters")
 CASES = sorted(p.stem for p in HERE.glob("*.py"))
@@ -53,13 +52,6 @@ def test_case_is_well_formed(name):
     assert case["EXPECT"] in ("breach", "loses"), f"{name}: EXPECT is 'breach' or 'loses'"
     if case["EXPECT"] == "breach":
         assert case.get("CONSTRUCT"), f"{name}: a 'breach' case names the construct (CONSTRUCT)"
-
-
-def _reasons(feedback: Path) -> dict[str, str]:
-    """grade_id -> reason, read back from a feedback page."""
-    text = feedback.read_text(encoding="utf-8")
-    found = re.findall(r"<h3><code>([^<]*)</code></h3><div class='reason'>(.*?)</div>", text, re.S)
-    return {html.unescape(gid): html.unescape(reason) for gid, reason in found}
 
 
 def _selected(session) -> list[str]:
@@ -124,7 +116,7 @@ class TestBatch:
             lost = [gid for gid in tests if float(rows[gid]["score"]) < float(rows[gid]["max_score"])]
             assert lost, f"{name} scored full marks on {exercise}'s cells {tests}"
             return
-        reasons = _reasons(batch["out"] / "feedback" / student(name) / f"{chapter}.html")
+        why = reasons(batch["out"] / "feedback" / student(name) / f"{chapter}.html")
         for gid in tests:
             assert float(rows[gid]["score"]) == 0, f"{name}: {gid} scored {rows[gid]['score']}"
-            assert case["CONSTRUCT"] in reasons.get(gid, ""), f"{name}: {gid}'s reason {reasons.get(gid)!r}"
+            assert case["CONSTRUCT"] in why.get(gid, ""), f"{name}: {gid}'s reason {why.get(gid)!r}"
