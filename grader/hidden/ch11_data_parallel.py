@@ -435,10 +435,11 @@ def check_sharded_adam_world(nb):
             check_close(got, want[i], f"{what}: rank {ranks[i]}'s parameters",
                         "reach the other ranks only through world.reduce_scatter and world.all_gather, and index your "
                         "shards by world.ranks (params[i] is rank world.ranks[i]'s)", **TOL)
-        _check_state(what, state, ranks, m, v, 2, torch.float64)
         if state.get("keys") is not None and sorted(state["keys"]) != sorted(ranks):
             raise AssertionError(f"{what}: state holds ranks {state['keys']}, expected the ranks this process plays, "
-                                 f"{ranks}: keep no state for ranks played elsewhere")
+                                 f"{ranks} (world.ranks): key state[r] by rank, and keep none for ranks played "
+                                 "elsewhere")
+        _check_state(what, state, ranks, m, v, 2, torch.float64)
 
 
 @hidden_test("test_sharded_adam_zero2")
