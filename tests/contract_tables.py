@@ -6,7 +6,8 @@ it, and a wrong answer that breaks that property alone. :func:`contract_tests` t
 
 - every quoted phrase is in the released notebook, in the exercise's cell or the Markdown right above it (a
   contract that was reworded must be re-read, not silently kept);
-- every wrong answer fails exactly the cells its clause names, with the clause's message; the other cells of its
+- every wrong answer fails exactly the cells its clause names, with the clause's message (raised as an
+  AssertionError, the check's own verdict, unless the clause names another exception); the other cells of its
   exercise pass, or wait on one of those (``grader.api.gates``: the autograder does not run them, and neither
   does this test), so that no cell blames a property the answer got right (the property is graded where the
   notebook says, and its failure is explained there only);
@@ -44,6 +45,8 @@ class Clause:
     message: str | None = None  # a regex the failures must match
     shown_by: str | None = None  # a test of the module that grades this clause through the sandbox
     label: str = ""  # a short id for the test report; the first words of `says` otherwise
+    raises: str = "AssertionError"  # what each of `cells` raises on the wrong answer (a check's verdict, unless the
+    # student's own error is what the cell reports)
 
     @property
     def id(self) -> str:
@@ -111,9 +114,11 @@ def contract_tests(chapter: str, clauses: list[Clause], namespace: Callable, che
         assert failed == set(clause.cells), \
             f"breaking {clause.says!r} should fail exactly {sorted(clause.cells)} (and cells waiting on them); " \
             f"it failed {outcome}"
-        if clause.message:
-            for cell in clause.cells:
-                assert re.search(clause.message, outcome[cell]), \
+        for cell in clause.cells:
+            assert outcome[cell].startswith(f"{clause.raises}: "), \
+                f"{cell} failed with another exception than {clause.raises}: {outcome[cell]}"
+            if clause.message:  # searched in the exception's text, as pytest.raises(..., match=) does
+                assert re.search(clause.message, outcome[cell][len(clause.raises) + 2:]), \
                     f"{cell} failed for another reason than {clause.message!r}: {outcome[cell]}"
 
     def test_contract_covers_every_graded_cell():

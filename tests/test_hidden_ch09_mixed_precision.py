@@ -341,13 +341,13 @@ VALUES, SCHEDULE, INTERFACE = SCALER_IDS
 STEP, STEP_SCALER, STEP_RETURNS = STEP_IDS
 
 
-def _scaler(says, cells, message, label="", **flags):
-    return Clause("GradScaler", says, cells, {"GradScaler": make_scaler(**flags)}, message, label=label)
+def _scaler(says, cells, message, label="", raises="AssertionError", **flags):
+    return Clause("GradScaler", says, cells, {"GradScaler": make_scaler(**flags)}, message, label=label, raises=raises)
 
 
-def _step(says, cells, message, label="", **flags):
+def _step(says, cells, message, label="", raises="AssertionError", **flags):
     return Clause("mixed_precision_step", says, cells, {"mixed_precision_step": make_step(**flags)}, message,
-                  label=label)
+                  label=label, raises=raises)
 
 
 CONTRACT = [
@@ -361,7 +361,8 @@ CONTRACT = [
             scale_uses_init=True),
     _scaler("it returns what optimizer.step() returned (None when skipped)", (VALUES,), "None when the step is skipped",
             step_returns_flag=True),
-    _scaler("(parameters whose .grad is None are skipped)", (VALUES,), "", crash_on_missing_grad=True),
+    _scaler("(parameters whose .grad is None are skipped)", (VALUES,), "", crash_on_missing_grad=True,
+            raises="TypeError"),  # the student's own crash on a missing gradient
     _scaler("The check must cover every entry, the first and last included.", (VALUES,),
             "wide model.*must be skipped.*check whole tensors", label="prefix-check", check_first=128),
     _scaler("The check must cover every entry, the first and last included.", (VALUES,),
@@ -406,7 +407,8 @@ CONTRACT = [
     _step("back-propagate the scaled loss", (STEP,), "scaler.scale\\(loss\\)", backward_unscaled=True),
     _step("The model and ``loss_fn`` must be called once each, under autocast", (STEP,), "outside autocast",
           loss_outside=True),
-    _step("never call model.half(): the master weights must stay float32", (STEP,), "", half_model=True),
+    _step("never call model.half(): the master weights must stay float32", (STEP,), "", half_model=True,
+          raises="RuntimeError"),  # torch's own error on the mixed dtypes
     _step("the scaler gets ``scale``, ``step`` and ``update`` once each, in that order", (STEP_SCALER,),
           "calls on the scaler", label="bypasses-scaler-step", bypass_scaler_step=True),
     _step("the scaler gets ``scale``, ``step`` and ``update`` once each, in that order", (STEP_SCALER,),

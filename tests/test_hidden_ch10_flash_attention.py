@@ -746,8 +746,9 @@ CONTRACT = [
         make_function(make_forward(), make_backward(tau_in_grads=False)), "the gradient of q"),
     _fn("the block sizes and the causal flag go on ctx as plain attributes", (F_VALUES,), FunctionIgnoringCausal,
         "same causal flag"),
-    _fn("its backward returns one gradient per input of forward", (F_VALUES,),
-        make_function(make_forward(), make_backward(), all_inputs=False), "incorrect number of gradients"),
+    Clause(FN, "its backward returns one gradient per input of forward", (F_VALUES,),
+           {FN: make_function(make_forward(), make_backward(), all_inputs=False)}, "incorrect number of gradients",
+           raises="RuntimeError"),  # the student's own error, from autograd
     _fn("backward through that very o", (F_MEMORY,), FunctionSavingNothingWhenLong, r"the gradient of q \(its rows"),
     _tri("including inputs whose row maxima rise from key block to key block", (T_VALUES,), "no_rescale",
          "multiply what was accumulated"),
