@@ -271,12 +271,10 @@ def test_set_trainable_rejects(wrong, grade_id, message):
         CHECKS[grade_id](namespace(set_trainable=wrong))
 
 
-@pytest.mark.parametrize("wrong, grade_id, message", [
+@pytest.mark.parametrize("wrong, grade_id, message", [  # unknown modes accepted, a terse error: in CONTRACT
     (make_set_trainable(bn_takes_conv_bias=True), "test_set_trainable", "A convolution bias is not a BatchNorm"),
     (make_set_trainable(never_freeze=True), "test_set_trainable", "whatever it was before the call"),
     (make_set_trainable(count_tensors=True), "test_set_trainable", "number of trainable parameter tensors"),
-    (make_set_trainable(accept_unknown=True), "test_set_trainable_errors", "must raise ValueError"),
-    (make_set_trainable(terse_error=True), "test_set_trainable_errors", "list the four valid modes"),
 ])
 def test_set_trainable_mistake_fails_only_its_cell(wrong, grade_id, message):
     _fails_only(namespace(set_trainable=wrong), grade_id, SET_TRAINABLE_IDS, message)
@@ -299,10 +297,9 @@ def test_pack_bits_rejects(wrong, grade_id, message):
         CHECKS[grade_id](namespace(pack_bits=wrong))
 
 
-@pytest.mark.parametrize("wrong, grade_id, message", [
+@pytest.mark.parametrize("wrong, grade_id, message", [  # no dtype check: in CONTRACT
     (make_pack_bits(msb_first=True), "test_pack_bits", "most significant bit first"),
     (make_pack_bits(reverse_bytes=True), "test_pack_bits", "bytes are in reverse order"),
-    (make_pack_bits(check_dtype=False), "test_pack_bits_errors", "raise ValueError"),
 ])
 def test_pack_bits_mistake_fails_only_its_cell(wrong, grade_id, message):
     _fails_only(namespace(pack_bits=wrong), grade_id, PACK_IDS, message)
@@ -382,17 +379,8 @@ def test_msb_first_above_the_small_masks_loses_pack_and_unpack_only():
         CHECKS[grade_id](ns)
 
 
-@pytest.mark.parametrize("wrong, grade_id, message", [
-    (torch.relu, "test_relu_1bit_memory", "torch.relu keeps"),
-    (make_relu(save="output"), "test_relu_1bit_memory", "torch.relu keeps"),
-    (make_relu(save="packed+output"), "test_relu_1bit_memory", "torch.relu keeps"),
-    (make_relu(save="bool"), "test_relu_1bit_memory", "a byte per element"),
-    (make_relu(attr="x"), "test_relu_1bit_memory", "not x or the output kept some other way"),
-    (make_relu(mask_ge=True), "test_relu_1bit", "not x >= 0"),
-])
-def test_relu_1bit_rejects(wrong, grade_id, message):
-    with pytest.raises(AssertionError, match=message):
-        CHECKS[grade_id](namespace(relu_1bit=wrong))
+# torch.relu, the output or a bool mask saved, x kept as an attribute, the mask x >= 0: clauses of CONTRACT below,
+# which fail the same cell with the same message and run relu_1bit's other cell too.
 
 
 def test_relu_1bit_packed_mask_on_ctx_passes():
@@ -403,10 +391,8 @@ def test_relu_1bit_packed_mask_on_ctx_passes():
         CHECKS[grade_id](ns)
 
 
-@pytest.mark.parametrize("wrong, grade_id, message", [
+@pytest.mark.parametrize("wrong, grade_id, message", [  # a bool mask, torch.relu: in CONTRACT
     (make_relu(mask_ge=True), "test_relu_1bit", "not x >= 0"),
-    (make_relu(save="bool"), "test_relu_1bit_memory", "a byte per element"),
-    (torch.relu, "test_relu_1bit_memory", "torch.relu keeps"),
 ])
 def test_relu_1bit_mistake_fails_only_its_cell(wrong, grade_id, message):
     _fails_only(namespace(relu_1bit=wrong), grade_id, RELU_IDS, message)
@@ -452,8 +438,7 @@ class _FlippedBits(torch.autograd.Function):
     # honest at the size the text once documented (2^24 elements), an fp32 copy as a ctx attribute elsewhere
     (relu_by_size(relu_ok, make_relu(attr="x"), at=1 << 24), "torch.relu keeps|not x or the output"),
     (relu_by_size(make_relu(attr="x")), "kept some other way"),
-    (relu_by_size(make_relu(save="bool")), "a bool mask .* exactly the packed mask"),
-    (relu_by_size(_PassThrough.apply), "the gradient of relu_1bit .* differs"),
+    # a bool mask and an unmasked gradient on large inputs: clauses of CONTRACT below
     # every 1000th bit flipped: one of the 64 sampled entries may hit one first (about 1 run in 16)
     (relu_by_size(_FlippedBits.apply), "(a single wrong mask bit shows|entries drawn at grading time).* differs"),
     (relu_by_size(lambda x: torch.relu(x).detach().requires_grad_()), "kept some other way|should be a tensor"),
