@@ -194,10 +194,11 @@ class PartialWorld(SimWorld):
     to ``all_gather``, the value a ``broadcast`` from it sends):
 
     - by default, a tensor filled with ``fill``;
-    - with ``seed``, ``a_r * t + b_r``, where ``t`` is this process's first tensor of the call and the numbers
-      ``a_r``, ``b_r`` of each other rank r are drawn from ``seed`` (and not shown): tensors this process cannot
-      predict, the same element by element whatever the layout of the call (one tensor per parameter or one flat
-      bucket).
+    - with ``seed``, numbers ``a_r``, ``b_r`` of each other rank r drawn from ``seed`` (and not shown): the rank
+      holds ``a_r * t + b_r`` for a reduction (``t``: this process's first tensor of the call), so that what it
+      contributes is unpredictable yet the same element by element whatever the layout of the call (one tensor per
+      parameter or one flat bucket); its shard in an ``all_gather`` and what a ``broadcast`` from it sends are
+      filled with ``b_r`` (nothing of ours, so what this process keeps in padding never reaches real positions).
 
     Code that reaches the other ranks only through the collectives gets what the full world would give; code that
     averages the tensors it was given by itself does not."""
@@ -221,20 +222,20 @@ class PartialWorld(SimWorld):
         others = "drawn" if self._mix else f"fill={self.fill}"
         return f"PartialWorld({self.size}, ranks={list(self.ranks)}, other ranks: {others})"
 
-    def _other(self, rank: int, like: torch.Tensor) -> torch.Tensor:
+    def _other(self, rank: int, like: torch.Tensor, reduction: bool) -> torch.Tensor:
         if self._mix:
             a, b = self._mix[rank]
-            return like * a + b
+            return like * a + b if reduction else torch.full_like(like, b)
         return torch.full_like(like, self.fill)
 
-    def _everyone(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _everyone(self, tensors: list[torch.Tensor], reduction: bool = False) -> list[torch.Tensor]:
         """One tensor per rank of the world, in rank order: ours, and the simulated ranks' for the others."""
         mine = dict(zip(self.ranks, tensors))
         like = tensors[0].detach()
-        return [mine[r].detach() if r in mine else self._other(r, like) for r in range(self.size)]
+        return [mine[r].detach() if r in mine else self._other(r, like, reduction) for r in range(self.size)]
 
     def _reduced(self, tensors: list[torch.Tensor], op: str) -> torch.Tensor:
-        return super()._reduced(self._everyone(tensors), op)
+        return super()._reduced(self._everyone(tensors, reduction=True), op)
 
     def all_gather(self, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         shards = self._local(shards, "all_gather")

@@ -6,8 +6,8 @@
 #     prose_numbers:  # phrases whose numbers are definitions or quoted figures (tests/test_prose_numbers.py)
 #       - 'Each graded cell may use 60 s and 4 GiB'  # the grader's limits per graded cell
 #       - 'passes chunks $N - 1$ times around'  # the ring algorithm
-#       - 'moments of the shards (8 bytes per element of L per rank)'  # the bound's definition: two float32 moments
-#       - 'tensor per rank and 2 MiB'  # the memory cell's slack
+#       - '(8 bytes per element of L per rank)'  # the bound's definition: two float32 moments
+#       - 'tensor per rank played and 2 MiB'  # the memory cell's slack
 #       - '16 bytes per parameter'  # 2 + 2 + 12, a definition
 #       - '1.5 times as much'  # 3 Psi over 2 Psi
 #       - '(120, 31.4, 16.6 and 1.9 GB;'  # ZeRO's example as quoted
@@ -119,7 +119,8 @@ print(f"batch of 24 split over 4 ranks: mean of the shard gradients differs from
 # ranks those are (all of them in a `SimWorld`, one in a `TorchWorld`): the $i$-th tensor of
 # every list belongs to rank `world.ranks[i]`. A third world helps you check that: in
 # `PartialWorld(N, ranks, fill)` this process plays only `ranks`, and the other ranks are
-# simulated as holding tensors filled with `fill`.
+# simulated as holding tensors filled with `fill` (or, with `seed=` instead, tensors this process
+# cannot predict: the grader uses those).
 #
 # The collectives, for per-rank tensors $t_r$:
 #
@@ -184,9 +185,9 @@ def ddp_step(replicas: list[nn.Module], optimizers: list[torch.optim.Optimizer],
         The losses of the ranks this process plays (before the step), as Python floats.
 
     Graded on: parameters after one and two steps against one process training on all ranks'
-    batches together (SGD with momentum and Adam, 2 to 4 ranks, a frozen parameter); a
-    PartialWorld whose other ranks hold a constant gradient; the returned losses; the
-    ValueError. Each graded cell may use 60 s and 4 GiB.
+    batches together (SGD with momentum and Adam, 2 to 4 ranks, a frozen parameter, data drawn
+    at grading time); a PartialWorld whose other ranks' gradients are drawn at grading time; the
+    returned losses; the ValueError. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     n = len(world.ranks)
@@ -371,8 +372,8 @@ def shard_bounds(numel: int, world_size: int) -> list[tuple[int, int]]:
         ValueError: numel or world_size not a positive int (a bool is refused).
 
     Graded on: exact bounds for sizes that divide evenly and that do not (e.g. 37 * 53 + 53
-    over 3 ranks), fewer elements than ranks, one rank; the ValueErrors. Each graded cell may
-    use 60 s and 4 GiB.
+    over 3 ranks), fewer elements than ranks, one rank, and sizes drawn at grading time (up to
+    10 million elements, 64 ranks); the ValueErrors. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     for name, value in (("numel", numel), ("world_size", world_size)):
@@ -454,7 +455,7 @@ class ShardedAdam:
     positions ``[r * L, (r + 1) * L)``.
 
     Attributes:
-        ``state[r]`` for each rank r this process plays: a dict with ``"exp_avg"`` and
+        ``state[r]`` for each rank r this process plays (and no other key): a dict with ``"exp_avg"`` and
         ``"exp_avg_sq"`` (flat tensors of length L, the parameters' dtype: rank r's moments) and
         ``"step"`` (an int, the number of steps taken). Created in ``__init__`` (zeros).
 
@@ -467,16 +468,20 @@ class ShardedAdam:
 
     Memory: between steps the optimizer keeps, per rank played, its two moments and at most one
     more flat tensor of length L (for example a shard of the parameters); nothing of the size of
-    the whole model per rank.
+    the whole model per rank. The parameters are updated in place (``copy_``): their storage is
+    the caller's, so pointing them at new tensors (``p.data = ...``) adds those tensors to it.
 
-    Graded on: parameters after 1 to 3 steps against torch.optim.Adam on the averaged gradients
-    (2 to 4 ranks, float64, shapes whose total does not divide evenly, tied weights); a
-    PartialWorld whose other ranks hold constants; ``state``'s shapes and values; shard_grads
-    leaving every ``.grad`` None; the memory your process holds after the first step, read from
-    outside it, on a model of 2 to 3 million float32 parameters over 3 or 4 simulated ranks: at
-    most the moments of the shards (8 bytes per element of L per rank), one more length-L float32
-    tensor per rank and 2 MiB (keeping full moments on every rank needs N times the moments);
-    the ValueErrors. Each graded cell may use 60 s and 4 GiB.
+    Graded on: parameters after 1 to 6 steps against torch.optim.Adam on the averaged gradients
+    (2 to 5 ranks, float64, shapes whose total does not divide evenly, a last shard of padding
+    only, tied weights, cases drawn at grading time); a PartialWorld whose other ranks' tensors
+    are drawn at grading time; ``state``'s keys, shapes and values; shard_grads leaving every
+    ``.grad`` None; the memory your process holds after two steps (their gradients dropped), read
+    from outside it, in two cases with sizes drawn at grading time: every rank of a SimWorld of
+    3 or 4 ranks with 2 to 3 million float32 parameters, and one rank of a PartialWorld of 4 to 6
+    ranks with 6 to 8 million (shard_grads=True). At most the moments of the shards played
+    (8 bytes per element of L per rank), one more length-L float32 tensor per rank played and
+    2 MiB (full moments per rank need N times the moments); the ValueErrors. Each graded cell may
+    use 60 s and 4 GiB.
     """
 
     ### BEGIN SOLUTION
@@ -730,8 +735,8 @@ def zero_memory(num_params: int, world_size: int, stage: int, bytes_param: int, 
             negative byte count.
 
     Graded on: every stage for several Psi, N (dividing and not dividing) and byte conventions
-    (16 = 2 + 2 + 12 mixed precision, 4 + 4 + 8 fp32, and others); the ValueErrors. Each graded
-    cell may use 60 s and 4 GiB.
+    (16 = 2 + 2 + 12 mixed precision, 4 + 4 + 8 fp32, and others), some drawn at grading time
+    (Psi up to 10^12, N up to 4096); the ValueErrors. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     for name, value in (("num_params", num_params), ("world_size", world_size)):
@@ -792,8 +797,8 @@ def comm_volume(stage: int, num_params: int, world_size: int) -> float:
     Raises:
         ValueError: a stage outside 0..3, num_params or world_size not a positive int.
 
-    Graded on: every stage for several Psi and N (including N = 1); the ValueErrors. Each graded
-    cell may use 60 s and 4 GiB.
+    Graded on: every stage for several Psi and N (including N = 1, and some drawn at grading
+    time); the ValueErrors. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     for name, value in (("num_params", num_params), ("world_size", world_size)):

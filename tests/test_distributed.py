@@ -90,8 +90,9 @@ def test_partial_world_plays_some_ranks_and_simulates_the_others():
 
 
 def test_a_seeded_partial_world_draws_the_other_ranks_element_by_element():
-    """With a seed, the other ranks hold a_r t + b_r of this process's first tensor: the same drawn numbers for the
-    same seed, other numbers for another, and the same result whether a call is one flat bucket or one per tensor."""
+    """With a seed, the other ranks hold a_r t + b_r of this process's first tensor in a reduction (a constant b_r in a
+    gather): the same drawn numbers for the same seed, other numbers for another, and the same result whether a call
+    is one flat bucket or one per tensor."""
     a, b = torch.randn(5, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
 
     def per_tensor(world):
@@ -111,6 +112,8 @@ def test_a_seeded_partial_world_draws_the_other_ranks_element_by_element():
     assert not torch.allclose(bucket(PartialWorld(4, ranks=[1, 2], seed=7)), torch.cat([a, b]))
     gathered = PartialWorld(3, ranks=[0], seed=3).all_gather([torch.ones(2)])[0]
     assert torch.equal(gathered[:2], torch.ones(2)) and not torch.equal(gathered[2:], torch.ones(4))
+    # A gathered shard of another rank holds nothing of ours: what we keep in padding never reaches it.
+    assert torch.equal(PartialWorld(3, ranks=[0], seed=3).all_gather([torch.tensor([5.0, -9.0])])[0][2:], gathered[2:])
 
 
 @pytest.mark.parametrize("call, error", [

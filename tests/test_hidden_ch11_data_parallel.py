@@ -124,7 +124,7 @@ def make_bounds(rule="ceil", validate="strict"):
 
 
 def make_sharded(dedupe=True, gather=True, count="step", reduce="world", index="rank", keys="ranks", zero2=True,
-                 validate=True, shapes=True, bias=True, dtype=None, keep=None):
+                 validate=True, shapes=True, bias=True, dtype=None, keep=None, repoint=False):
     """A ZeRO-1/2 Adam with one property broken: ``dedupe=False`` (a tied weight counted twice), ``gather=False``
     (each rank writes back its own shard only), ``count="rank"`` (one step count for all ranks, incremented per rank),
     ``reduce="local"`` (the played ranks' gradients averaged among themselves), ``index="position"`` (shards indexed
@@ -132,7 +132,7 @@ def make_sharded(dedupe=True, gather=True, count="step", reduce="world", index="
     (shard_grads ignored), ``validate``/``shapes=False`` (no ValueError), ``bias=False`` (no bias correction),
     ``dtype`` (moments in that dtype), ``keep="grads"`` (each rank's full flat gradient kept between steps) or
     ``keep="moments"`` (moments of the whole flat vector on every rank, of which only its shard is used and shown in
-    state[r])."""
+    state[r]), ``repoint=True`` (parameters pointed at pieces of the gathered vector instead of updated in place)."""
     class ShardedAdam:
         def __init__(self, params, world, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, shard_grads=False):
             if validate and (lr < 0 or eps < 0 or not all(0 <= b < 1 for b in betas)):
@@ -201,7 +201,10 @@ def make_sharded(dedupe=True, gather=True, count="step", reduce="world", index="
                     full.append(own)
             for ps, flat in zip(self.params, full):
                 for p, piece in zip(ps, flat[:self.numel].split([p.numel() for p in ps])):
-                    p.copy_(piece.view_as(p))
+                    if repoint:  # the parameter pointed at a piece of the gathered vector, not updated in place
+                        p.data = piece.view_as(p)
+                    else:
+                        p.copy_(piece.view_as(p))
 
         def zero_grad(self):
             for ps in self.params:
@@ -330,13 +333,15 @@ CONTRACT = [
     Clause("ShardedAdam", "params[i] are the parameters of rank world.ranks[i]'s replica",
            ("test_sharded_adam_world",), _adam(index="position"), r"index your shards by world.ranks"),
     Clause("ShardedAdam", "state[r] for each rank r this process plays", ("test_sharded_adam_world",),
-           _adam(keys="positions"), r"state holds ranks \[0, 1\], expected the ranks this process plays"),
+           _adam(keys="positions"), r"state holds the keys 0, 1, expected the ranks this process plays"),
     Clause("ShardedAdam", "set its parameters' .grad to None", ("test_sharded_adam_zero2",), _adam(zero2=False),
            "still have full gradients"),
-    Clause("ShardedAdam", "keeping full moments on every rank needs N times the moments",
+    Clause("ShardedAdam", "full moments per rank need N times the moments",
            ("test_sharded_adam_memory",), _adam(keep="moments"), "read from outside your process"),
     Clause("ShardedAdam", "nothing of the size of the whole model per rank", ("test_sharded_adam_memory",),
            _adam(keep="grads"), "read from outside your process"),
+    Clause("ShardedAdam", "The parameters are updated in place (copy_)", ("test_sharded_adam_memory",),
+           _adam(repoint=True), r"re-pointed parameters at other tensors"),
     Clause("ShardedAdam", "lr < 0, eps < 0 or a beta outside [0, 1) raise ValueError", ("test_sharded_adam_errors",),
            _adam(validate=False), "should raise ValueError"),
     Clause("ShardedAdam", "or whose shapes differ between ranks", ("test_sharded_adam_errors",), _adam(shapes=False),

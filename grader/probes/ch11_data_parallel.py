@@ -7,6 +7,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from grader.sandbox.trusted import in_process
+
 
 class ch11_MSELoss:
     """``loss_fn(model, (x, y))``: the mean squared error of ``model(x)`` against ``y``."""
@@ -22,14 +24,18 @@ def ch11_flat_params(models: list) -> list[torch.Tensor]:
 
 
 def ch11_number(value) -> dict:
-    """A returned number as plain data: its type name and its value (exact string for a Fraction)."""
+    """A returned number as plain data: its type name and its value (exact string for a Fraction). NumPy's and other
+    registered integers and reals come back as ``int`` and ``float`` (a number is graded by its value)."""
+    import numbers
     from fractions import Fraction
 
-    if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or isinstance(value, torch.Tensor):
         return {"type": type(value).__name__, "value": None}
-    if isinstance(value, Fraction):
+    if type(value) is Fraction:
         return {"type": "Fraction", "value": f"{value.numerator}/{value.denominator}"}
-    return {"type": type(value).__name__, "value": value}
+    if isinstance(value, numbers.Integral):
+        return {"type": "int", "value": int(value)}
+    return {"type": "float", "value": float(value)}
 
 
 def ch11_make_params(shapes: list, n_ranks: int, seed: int, dtype: torch.dtype = torch.float32,
@@ -79,16 +85,24 @@ def ch11_clear_grads(params: list) -> None:
             p.grad = None
 
 
-def ch11_build_and_step(cls: Callable, params: list, world, kwargs: dict, grad_seed: int):
-    """Build ``cls(params, world, **kwargs)``, give every parameter a gradient from ``grad_seed``
-    (:func:`ch11_set_grads`), call ``step()``, note which gradients are left, then clear them; returns
+def ch11_build_and_step(cls: Callable, params: list, world, kwargs: dict, grad_seeds: list[int]):
+    """Build ``cls(params, world, **kwargs)``; for each seed, give every parameter a gradient from it
+    (:func:`ch11_set_grads`) and call ``step()``, noting which gradients are left; then clear the gradients. Returns
     ``(optimizer, grads_left)``. The memory a hidden test reads around this call is what the optimizer keeps."""
     optimizer = cls(params, world, **kwargs)
-    ch11_set_grads(params, grad_seed)
-    optimizer.step()
-    left = ch11_grads_left(params)
+    left = []
+    for seed in grad_seeds:
+        ch11_set_grads(params, seed)
+        optimizer.step()
+        left.append(ch11_grads_left(params))
     ch11_clear_grads(params)
     return optimizer, left
+
+
+def ch11_views(params: list) -> list:
+    """A view of every parameter's storage: held by the judge across a reading, so that the storage the judge made
+    and booked stays allocated whatever the code under test does with the parameters' ``.data``."""
+    return [[p.detach() for p in ps] for ps in params]
 
 
 def ch11_flat(params: list, index: torch.Tensor | None = None) -> list[torch.Tensor]:
@@ -123,7 +137,8 @@ def ch11_state(optimizer, ranks: list) -> dict:
         row["step"] = step if isinstance(step, (int, float)) and not isinstance(step, bool) else (
             float(step) if isinstance(step, torch.Tensor) and step.numel() == 1 else type(step).__name__)
         out[str(r)] = row
-    out["keys"] = sorted(k for k in state if isinstance(k, int))
+    # Every key, a plain int or str by its repr, anything else by its type (nothing of the student's runs here).
+    out["keys"] = [repr(k) if type(k) in (int, str) else f"<{type(k).__name__}>" for k in dict.keys(state)]
     return out
 
 
@@ -152,3 +167,11 @@ def ch11_bounds(value) -> dict:
                   "entries": [entry(v) for v in b[:4]] if isinstance(b, (list, tuple)) else None}
                  for b in value[:4096]]
     return {"type": type(value).__name__, "items": items}
+
+
+@in_process(explains=("repointed",))
+def ch11_repointed(params: list, views: list) -> dict:
+    """Per rank, whether any parameter no longer uses the storage of its view from :func:`ch11_views` (``.data``
+    re-pointed at another tensor instead of updated in place): only to explain a failed memory reading."""
+    return {"repointed": [any(p.untyped_storage().data_ptr() != v.untyped_storage().data_ptr() for p, v in zip(ps, vs))
+                          for ps, vs in zip(params, views)]}
