@@ -9,6 +9,7 @@ mode (no mount namespace) to show that the audit hook stops them on its own.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import runpy
 import socket
@@ -97,11 +98,14 @@ def _leftover_processes(port: str) -> list[str]:
     return left
 
 
-def run(program, targets, mode=None, monkeypatch=None):
+def run(program, targets, mode=None, monkeypatch=None, case=None):
+    """``case``'s ``CPU_SECONDS``, when it sets them, replace the CPU-time limit of LIMITS."""
     if mode is not None:
         default = judge._server
         monkeypatch.setattr(judge, "_server", lambda m=None: default(mode))
-    return judge.run_checks(toy.CHAPTER, program, toy.GRADE_IDS, LIMITS, checks=checks_for(toy.CHAPTER))
+    limits = LIMITS if case is None or "CPU_SECONDS" not in case else \
+        dataclasses.replace(LIMITS, cpu_seconds=float(case["CPU_SECONDS"]))
+    return judge.run_checks(toy.CHAPTER, program, toy.GRADE_IDS, limits, checks=checks_for(toy.CHAPTER))
 
 
 def _params(plain: bool):
@@ -121,7 +125,7 @@ def test_hostile_case_scores_below_full_marks(name, targets):
     mode = judge._server().mode
     if mode not in case.get("MODES", (mode,)):
         pytest.skip(f"{name} needs isolation mode {case['MODES']}, this machine runs {mode!r}")
-    outcomes = run(program_for(case, targets), targets)
+    outcomes = run(program_for(case, targets), targets, case=case)
     assert set(outcomes) == set(toy.GRADE_IDS)
     assert not all(o.passed for o in outcomes.values()), outcomes
     assert_nothing_escaped(targets, outcomes)
@@ -132,7 +136,7 @@ def test_hostile_case_scores_below_full_marks(name, targets):
 @pytest.mark.parametrize("name", _params(plain=True))
 def test_hostile_case_is_stopped_by_the_audit_hook_alone(name, targets, monkeypatch):
     case = load(name)
-    outcomes = run(program_for(case, targets), targets, mode="plain", monkeypatch=monkeypatch)
+    outcomes = run(program_for(case, targets), targets, mode="plain", monkeypatch=monkeypatch, case=case)
     assert not all(o.passed for o in outcomes.values()), outcomes
     assert_nothing_escaped(targets, outcomes)
     if "EXPECT" in case:
