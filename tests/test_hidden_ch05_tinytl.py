@@ -228,20 +228,12 @@ def zeros_when_large(at_init_only=True):
     return LiteResidual
 
 
-# (wrong LiteResidual, the cell it fails, what its message says)
+# (wrong LiteResidual, the cell it fails, what its message says). The other wrong LiteResidual answers (γ = 1, the
+# input's size, nearest upsampling, a floor pooling, GroupNorm, γ as a buffer, full resolution kept, zeros on large
+# inputs, no or old checks) are clauses of CONTRACT below: same cell, same message, every other cell that does not
+# wait on it run too.
 WRONG_LITE_VARIANTS = [
-    (make_lite(gamma=1.0), "test_LiteResidual", "not exactly zero"),
-    (make_lite(up="input"), "test_LiteResidual", "returned shape"),
     (make_lite(stride_in_conv=True, up="nearest"), "test_LiteResidual", "differs from the reference"),
-    (make_lite(up="nearest"), "test_LiteResidual", "differs from the reference"),
-    (make_lite(pool="floor"), "test_LiteResidual", "Output size is too small"),  # 7×9 pooled by 8, no ceil_mode
-    (make_lite(norm="group"), "test_LiteResidual", "differs from the reference"),
-    (zero_scale_as_buffer(), "test_LiteResidual", "received no gradient"),
-    (make_lite(pool="torch"), "test_LiteResidual_memory", "full resolution"),
-    (zeros_when_large(), "test_LiteResidual_memory", "full resolution"),  # the memory case has random parameters
-    (zeros_when_large(at_init_only=False), "test_LiteResidual_memory", "on the call measured"),
-    (make_lite(check=False), "test_LiteResidual_edge_cases", "should raise ValueError"),
-    (make_lite(check="old"), "test_LiteResidual_edge_cases", r"in_channels=0 \(a channel count below 1\)"),
 ]
 
 
@@ -251,11 +243,8 @@ def test_lite_residual_rejects(wrong, grade_id, message):
         CHECKS[grade_id](namespace(LiteResidual=wrong))
 
 
-@pytest.mark.parametrize("wrong, grade_id", [
+@pytest.mark.parametrize("wrong, grade_id", [  # a further cell's mistakes: in CONTRACT, which runs the others
     (make_lite(gamma=1.0), "test_LiteResidual"),
-    (make_lite(pool="torch"), "test_LiteResidual_memory"),
-    (zeros_when_large(at_init_only=False), "test_LiteResidual_memory"),
-    (make_lite(check="old"), "test_LiteResidual_edge_cases"),
 ])
 def test_lite_residual_loses_only_its_property(wrong, grade_id):
     """One mistake costs the points of its own cell: the other cells of the exercise pass."""
@@ -310,21 +299,12 @@ def lite_outside_the_model():
     return apply_tinytl
 
 
-# (wrong apply_tinytl, the cell it fails, what its message says)
+# (wrong apply_tinytl, the cell it fails, what its message says). The other wrong apply_tinytl answers (weights not
+# frozen or only BatchNorm's, biases frozen, γ = 1, residuals on the output or on two blocks, the groups rule broken,
+# fp32 ReLUs, lean only when measured alone, residuals outside the model, a detached branch) are clauses of CONTRACT
+# below: same cell, same message, every other cell that does not wait on it run too.
 WRONG_APPLY_VARIANTS = [
-    (make_apply(freeze_weights=False), "test_apply_tinytl", r"output at init \(train mode\)"),
-    (make_apply(freeze_weights="bn-only"), "test_apply_tinytl", "every original weight"),
-    (make_apply(train_bias=False), "test_apply_tinytl", "every bias trains"),
-    (make_apply(make_lite(gamma=1.0)), "test_apply_tinytl", "output at init"),
-    (make_apply(on_output=True), "test_apply_tinytl", "fed with the block's input"),
-    (make_apply(blocks={0, 1}), "test_apply_tinytl", "one per block"),
-    (make_apply(groups=1), "test_apply_tinytl", "groups rule"),  # full k×k convolutions where the rule says 2
-    (make_apply(kernel_size=3), "test_apply_tinytl", "groups rule"),  # not the default kernel
-    (make_apply(one_bit=False), "test_apply_tinytl_memory", r"ReLU1bit\(\) \(relu_packed as a module\)"),
     (make_apply(freeze_weights=False), "test_apply_tinytl_memory", "keep every original weight frozen"),
-    (inflated_alone(), "test_apply_tinytl_memory", r"ReLU1bit\(\) \(relu_packed as a module\)"),
-    (lite_outside_the_model(), "test_apply_tinytl_memory", "a LiteResidual ran after the grader had put its stand-in"),
-    (make_apply(detach=True), "test_apply_tinytl_trains", "never changed"),
 ]
 
 
@@ -334,11 +314,8 @@ def test_apply_tinytl_rejects(wrong, grade_id, message):
         CHECKS[grade_id](namespace(apply_tinytl=wrong))
 
 
-@pytest.mark.parametrize("wrong, grade_id", [
+@pytest.mark.parametrize("wrong, grade_id", [  # a further cell's mistakes: in CONTRACT, which runs the others
     (make_apply(make_lite(gamma=1.0)), "test_apply_tinytl"),
-    (make_apply(one_bit=False), "test_apply_tinytl_memory"),
-    (inflated_alone(), "test_apply_tinytl_memory"),
-    (make_apply(detach=True), "test_apply_tinytl_trains"),
 ])
 def test_apply_tinytl_loses_only_its_property(wrong, grade_id):
     """One mistake costs the points of its own cell: the other cells of the exercise pass."""
