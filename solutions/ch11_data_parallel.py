@@ -184,10 +184,11 @@ def ddp_step(replicas: list[nn.Module], optimizers: list[torch.optim.Optimizer],
     Returns:
         The losses of the ranks this process plays (before the step), as Python floats.
 
-    Graded on: parameters after one and two steps against one process training on all ranks'
-    batches together (SGD with momentum and Adam, 2 to 4 ranks, a frozen parameter, data drawn
-    at grading time); a PartialWorld whose other ranks' gradients are drawn at grading time; the
-    returned losses; the ValueError. Each graded cell may use 60 s and 4 GiB.
+    Graded on: parameters after 2 to 6 steps against one process training on all ranks' batches
+    together (SGD with momentum and Adam, 2 to 4 ranks, data and step counts drawn at grading
+    time, a frozen parameter that must come back with requires_grad=False and no gradient); a
+    PartialWorld whose other ranks' gradients are drawn at grading time; the returned losses; the
+    ValueError. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     n = len(world.ranks)
@@ -482,17 +483,19 @@ class ShardedAdam:
     the whole model per rank. The parameters are updated in place (``copy_``): their storage is
     the caller's, so pointing them at new tensors (``p.data = ...``) adds those tensors to it.
 
-    Graded on: parameters after 1 to 6 steps against torch.optim.Adam on the averaged gradients
+    Graded on: parameters after 1 to 20 steps against torch.optim.Adam on the averaged gradients
     (2 to 5 ranks, float64, shapes whose total does not divide evenly, a last shard of padding
-    only, tied weights, cases drawn at grading time); a PartialWorld whose other ranks' tensors
-    are drawn at grading time; ``state``'s keys, shapes and values; shard_grads leaving every
-    ``.grad`` None; the memory your process holds after two steps (their gradients dropped), read
-    from outside it, in two cases with sizes drawn at grading time: every rank of a SimWorld of
-    3 or 4 ranks with 2 to 3 million float32 parameters, and one rank of a PartialWorld of 4 to 6
-    ranks with 6 to 8 million (shard_grads=True). At most the moments of the shards played
-    (8 bytes per element of L per rank), one more length-L float32 tensor per rank played and
-    2 MiB (full moments per rank need N times the moments); the ValueErrors. Each graded cell may
-    use 60 s and 4 GiB.
+    only, tied weights, parameters handed over as iterators, a parameter without ``.grad``, cases
+    drawn at grading time); a PartialWorld whose other ranks' tensors are drawn at grading time;
+    ``state``'s keys, shapes and values; shard_grads and ``zero_grad()`` leaving every ``.grad``
+    None; the memory your process holds after 2 to 4 steps (their gradients dropped), read from
+    outside it, in three cases with sizes drawn at grading time: every rank of a SimWorld of 3 or
+    4 ranks with 2 to 3 million float32 parameters, one rank of a PartialWorld of 4 to 6 ranks
+    with 6 to 8 million (shard_grads=True), and every rank of a SimWorld of 8 ranks with 0.25
+    to 0.4 million, with the parameters of those steps checked (moments in float32). At most the
+    moments of the shards played (8 bytes per element of L per rank), one more length-L float32
+    tensor per rank played and 2 MiB (full moments per rank need N times the moments); the
+    ValueErrors. Each graded cell may use 60 s and 4 GiB.
     """
 
     ### BEGIN SOLUTION

@@ -24,7 +24,6 @@ from grader.api import fetch, hidden_test
 from grader.resources import MiB, Meter, draw, mib, new_seed
 
 TOL = dict(atol=1e-10, rtol=1e-8)  # float64
-F32_TOL = dict(atol=1e-5, rtol=1e-4)
 
 
 def _made(nb, probe, *args):
@@ -115,23 +114,24 @@ def _run_ddp(nb, model, kind, lr, steps, world_args):
     world = _world(nb, *world_args)
     n_local = len(world_args[1]) if len(world_args) > 1 and world_args[1] is not None else world_args[0]
     reps = [copy.deepcopy(model) for _ in range(n_local)]
-    opts = [_optimizer(kind, [p for p in r.parameters() if p.requires_grad], lr) for r in reps]
+    opts = [_optimizer(kind, list(r.parameters()), lr) for r in reps]  # frozen ones included, as the notebook does
     state = nb.put((reps, opts, probes.ch11_MSELoss()))
     returned = []
     for batches in steps:
         returned.append(fetch(nb.apply(probes.ch07_describe, nb.ddp_step(state[0], state[1], batches[:n_local],
                                                                       state[2], world))))
-    return fetch(nb.apply(probes.ch11_flat_params, state[0])), returned
+    frozen = fetch(nb.apply(probes.ch11_param_flags, state[0]))
+    return fetch(nb.apply(probes.ch11_flat_params, state[0])), returned, frozen
 
 
 def _flat(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-DDP_CASES = (  # (sizes, optimizer, lr, ranks, steps, batch, seed, frozen)
+DDP_CASES = (  # (sizes, optimizer, lr, ranks, steps, batch, seed, frozen); steps None: 3 to 6 drawn at grading time
     ([7, 11, 3], "sgd", 0.1, 2, 2, 5, 1, False),
-    ([9, 13, 6, 4], "adam", 0.02, 3, 2, 4, 2, False),
-    ([5, 8, 2], "sgd", 0.3, 4, 2, 6, 3, True),
+    ([9, 13, 6, 4], "adam", 0.02, 3, None, 4, 2, False),
+    ([5, 8, 2], "sgd", 0.3, 4, None, 6, 3, True),
 )
 SUM_HINT = ("the replicas equal one process trained with the learning rate multiplied by the number of ranks: average "
             "the gradients (world.all_reduce(..., op='mean')), do not sum them")
@@ -153,11 +153,18 @@ def _ddp_hint(model, kind, lr, steps, got) -> str:
 @hidden_test("test_ddp_step_values")
 def check_ddp_step_values(nb):
     for sizes, kind, lr, n, n_steps, B, seed, frozen in DDP_CASES:
+        n_steps = n_steps or draw(3, 6)
         model = _mlp(sizes, seed, frozen)
         steps = _batches(n_steps, n, B, sizes[0], sizes[-1], new_seed())  # data drawn at grading time
         what = (f"ddp_step on {n} ranks of an MLP {sizes}" + (" with a frozen bias" if frozen else "")
                 + f", {kind} lr {lr}, {n_steps} steps, {B} examples per rank")
-        flats, _ = _run_ddp(nb, model, kind, lr, steps, (n,))
+        flats, _, states = _run_ddp(nb, model, kind, lr, steps, (n,))
+        trainable = [p.requires_grad for p in model.parameters()] * n
+        moved = [i for i, (st, t) in enumerate(zip(states, trainable))
+                 if not t and (st["requires_grad"] or st["has_grad"])]
+        if moved:
+            raise AssertionError(f"{what}: a parameter with requires_grad=False came back with requires_grad set or a "
+                                 "gradient: leave frozen parameters alone (no gradient, no all-reduce, no change)")
         ref, _ = _one_process(model, kind, lr, steps)
         want = _flat(ref)
         for r, got in enumerate(flats):
@@ -175,7 +182,7 @@ def check_ddp_step_world(nb):
         world_seed = new_seed()
         what = (f"ddp_step on a PartialWorld of {size} ranks playing ranks {ranks} (the other ranks' gradients drawn "
                 f"at grading time), {kind}, 2 steps")
-        flats, _ = _run_ddp(nb, model, kind, lr, steps, (size, ranks, world_seed))
+        flats, _, _ = _run_ddp(nb, model, kind, lr, steps, (size, ranks, world_seed))
         world = PartialWorld(size, ranks, seed=world_seed)
         want = [_flat(r) for r in _partial_reference(model, kind, lr, steps, world)]
         for i, (got, ref) in enumerate(zip(flats, want)):
@@ -194,7 +201,7 @@ def check_ddp_step_returns(nb):
     sizes = [6, 9, 3]
     model = _mlp(sizes, 11)
     steps = _batches(2, 3, 5, sizes[0], sizes[-1], 311)
-    _, returned = _run_ddp(nb, model, "sgd", 0.1, steps, (3,))
+    _, returned, _ = _run_ddp(nb, model, "sgd", 0.1, steps, (3,))
     _, ref_losses = _one_process(model, "sgd", 0.1, steps)
     for step, (desc, want) in enumerate(zip(returned, ref_losses)):
         if desc["type"] != "list" or desc["items"] is None or len(desc["items"]) != 3:
@@ -271,6 +278,17 @@ def _distinct(ps):
     return probes._ch11_distinct(ps)
 
 
+def _set_grads(params, entry) -> None:
+    """The gradients of one step, as the student's process got them (``entry``: a seed, or ``(seed, skip)`` where the
+    distinct parameter at position ``skip`` has no ``.grad``), with the missing one as zeros: the text's rule."""
+    seed, skip = entry if isinstance(entry, tuple) else (entry, None)
+    probes.ch11_set_grads(params, seed, skip)
+    for ps in params:
+        for p in _distinct(ps):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+
 def _reference_sharded(params, world, grad_seeds, lr, betas, eps):
     """The method on ``world`` (full or partial), computed here on copies: reduce-scatter (mean) of the padded flat
     gradients, Adam on each played rank's shard, all-gather. Returns the flat parameters per played rank and the
@@ -287,7 +305,7 @@ def _reference_sharded(params, world, grad_seeds, lr, betas, eps):
     flats = [torch.cat([p.detach().reshape(-1) for p in ps] + [torch.zeros(padded - numel, dtype=dtype)])
              for ps in distinct]
     for t, seed in enumerate(grad_seeds, start=1):
-        probes.ch11_set_grads(params, seed)
+        _set_grads(params, seed)
         grads = [torch.cat([p.grad.reshape(-1) for p in ps] + [torch.zeros(padded - numel, dtype=dtype)])
                  for ps in distinct]
         shards = world.reduce_scatter(grads, op="mean")
@@ -314,23 +332,27 @@ def _plain_adam(params, grad_seeds, n, lr, betas, eps):
     distinct = [_distinct(ps) for ps in params]
     opt = torch.optim.Adam(distinct[0], lr=lr, betas=betas, eps=eps)
     for seed in grad_seeds:
-        probes.ch11_set_grads(params, seed)
+        _set_grads(params, seed)
         for i, p in enumerate(distinct[0]):
             p.grad = sum(distinct[r][i].grad for r in range(n)) / n
         opt.step()
     return torch.cat([p.detach().reshape(-1) for p in distinct[0]])
 
 
-def _run_sharded(nb, shapes, n, seed, world_args, kwargs, grad_seeds, dtype=torch.float64, tie=()):
-    """The student's ShardedAdam built on parameters made in its process and stepped once per grad seed; the flat
-    parameters per played rank, the gradients left after each step, the state, and the optimizer's handle."""
+def _run_sharded(nb, shapes, n, seed, world_args, kwargs, grad_seeds, dtype=torch.float64, tie=(),
+                 generators=False):
+    """The student's ShardedAdam built on parameters made in its process (handed over as one-pass iterators, as
+    ``model.parameters()`` gives them, with ``generators``) and stepped once per grad seed (a ``(seed, skip)`` entry
+    leaves one parameter without ``.grad``); the flat parameters per played rank, the gradients left after each step
+    and the state."""
     n_local = len(world_args[1]) if len(world_args) > 1 else n
     params = _made(nb, probes.ch11_make_params, shapes, n_local, seed, dtype, tie)
     world = _world(nb, *world_args)
-    opt = nb.ShardedAdam(params, world, **kwargs)
+    opt = nb.ShardedAdam(_made(nb, probes.ch11_generators, params) if generators else params, world, **kwargs)
     left = []
     for s in grad_seeds:
-        nb.apply(probes.ch11_set_grads, params, s)
+        entry = s if isinstance(s, tuple) else (s, None)
+        nb.apply(probes.ch11_set_grads, params, *entry)
         opt.step()
         left.append(fetch(nb.apply(probes.ch11_grads_left, params)))
     flats = fetch(nb.apply(probes.ch11_flat, params))
@@ -345,6 +367,14 @@ SHARD_CASES = (  # (shapes, ranks, steps, lr, betas, eps, tie, seed)
     ([(16, 9), (9,), (5, 16)], 2, 3, 0.02, (0.9, 0.99), 1e-8, ((3, 0),), 23),  # the first weight listed again
     ([(7,), (3, 3)], 4, 1, 0.1, (0.9, 0.999), 1e-8, (), 24),  # 16 elements over 4: no padding
     ([(5,)], 4, 2, 0.05, (0.9, 0.999), 1e-8, (), 25),  # 5 over 4: shards of 2, the last rank's all padding
+)
+# Cases with a twist (shapes, ranks, steps, lr, seed, twist): the parameters handed over as one-pass iterators (as
+# model.parameters() gives them); the second parameter without .grad at the second step (it counts as zeros); many
+# steps (12 to 20, drawn), where bias corrections still matter.
+TWIST_CASES = (
+    ([(6, 5), (5,)], 3, 3, 0.02, 26, "generators"),
+    ([(6, 5), (5,), (4,)], 2, 3, 0.02, 27, "missing grad"),
+    ([(9, 4)], 3, None, 0.01, 28, "many steps"),
 )
 DRAWN_SHARD_CASES = 2  # more cases drawn at grading time: shapes, ranks, 4 to 6 steps, seeds
 STEP_HINT = ("the step count t is one per step() call (the bias corrections use it), the same on every rank: keep it "
@@ -441,6 +471,23 @@ def check_sharded_adam_values(nb):
         _, m, v, _ = _reference_sharded(params, SimWorld(n), grad_seeds, lr, betas, eps)
         _check_keys(what, state, list(range(n)))
         _check_state(what, state, range(n), m, v, n_steps, torch.float64, tied=bool(tie))
+    for shapes, n, n_steps, lr, seed, twist in TWIST_CASES:
+        n_steps = n_steps or draw(12, 20)
+        grad_seeds = [1000 * seed + t for t in range(n_steps)]
+        if twist == "missing grad":
+            grad_seeds[1] = (grad_seeds[1], 1)
+        what = f"ShardedAdam on {n} ranks, parameters {shapes}, {n_steps} steps, " + {
+            "generators": "each rank's parameters handed over as an iterator (as model.parameters() gives them)",
+            "missing grad": "the second parameter without .grad at the second step (it counts as zeros)",
+            "many steps": "lr 0.01"}[twist]
+        flats, _, _ = _run_sharded(nb, shapes, n, seed, (n,), dict(lr=lr), grad_seeds,
+                                   generators=twist == "generators")
+        want = _plain_adam(_make_params(shapes, n, seed), grad_seeds, n, lr, (0.9, 0.999), 1e-8)
+        hint = {"generators": "read each rank's parameters once, in __init__ (an iterator can be read only once)",
+                "missing grad": "a parameter whose .grad is None counts as a zero gradient in the flat vector",
+                "many steps": "the bias corrections use this step's count t, every step: " + STEP_HINT}[twist]
+        for r, got in enumerate(flats):
+            check_close(got, want, f"{what}: rank {r}'s parameters", hint, **TOL)
 
 
 @hidden_test("test_sharded_adam_world")
@@ -480,25 +527,39 @@ def check_sharded_adam_zero2(nb):
         if kept:
             raise AssertionError(f"{what}: after step {step + 1}, ranks {kept} still have full gradients (.grad): "
                                  "with shard_grads=True set every parameter's .grad to None once it is flattened")
+    # zero_grad(): on a ZeRO-1 optimizer whose parameters all have gradients, every .grad set to None.
+    params = _made(nb, probes.ch11_make_params, shapes, n, seed)
+    opt = nb.ShardedAdam(params, _world(nb, n))
+    nb.apply(probes.ch11_set_grads, params, 4102)
+    left = fetch(nb.apply(probes.ch11_zero_grad, opt, params))
+    kept = [r for r, flags in enumerate(left) if any(flags)]
+    if kept:
+        raise AssertionError(f"ShardedAdam.zero_grad() on {n} ranks: ranks {kept} still have a .grad afterwards: "
+                             "zero_grad() sets every parameter's .grad to None")
 
 
 MEM_CASES = (  # (ranks, parameters, ranks played here, shard_grads): sizes drawn at grading time from these ranges
     ((3, 4), (2_000_000, 3_000_000), "all", False),  # a SimWorld: every rank's replica in this process, ZeRO-1
     ((4, 6), (6_000_000, 8_000_000), "one", True),  # a PartialWorld playing one rank, as a real rank does, ZeRO-2
+    ((8, 8), (250_000, 400_000), "all", False),  # a small model on many ranks: full state per rank is 8 times more
 )
-MEM_STEPS = 2
+MEM_STEPS = (2, 4)  # steps inside the reading, drawn
+MEM_LR = 0.05  # large enough that moments kept in a lower precision show in the parameters (MEM_TOL)
+MEM_TOL = dict(atol=1e-6, rtol=1e-5)
 MEM_SLACK = 2 * MiB
-# Measured in sandboxed workers at the ends of the ranges (MiB kept after two steps, read from outside; bound = the
+# Measured in sandboxed workers at the ends of the ranges (MiB kept after the steps, read from outside; bound = the
 # played shards' moments + one length-L float32 tensor per played rank + 2 MiB):
-#   case                          course's  bound | full state   one shared   flat gradient   ZeRO-2 keeps   state for
-#                                                 | every rank   full state   kept per rank   flat grads     other ranks
-#   SimWorld 3 ranks, 2.0M          15.8     24.9 |    46.3         15.7          38.5           15.6           15.6
-#   SimWorld 4 ranks, 3.0M          23.3     36.3 |    91.8         23.4          69.1           23.4           23.2
-#   1 of 4 ranks, 6.0M, ZeRO-2      11.7     19.2 |    45.8         46.3          34.7           34.5          149.5
-#   1 of 6 ranks, 8.0M, ZeRO-2      10.7     17.3 |    61.5         61.5          41.1           41.0          316.3
-# Each wrong answer exceeds the bound in at least one case of every draw, by 15 MiB or more, far above what a call
-# could hide (FOOTPRINT plus GROWTH, 5 MiB). A second moment built only at the second step, and replicas re-pointed at
-# one storage (so that the booked parameters are freed) kept 46-92 MiB in the SimWorld cases.
+#   case                          course's  bound | full state   one shared   flat gradient   ZeRO-2 keeps   full m, lazy v,
+#                                                 | every rank   full state   kept per rank   flat grads     replicas aliased
+#   SimWorld 3 ranks, 2.0M          15.9     24.9 |    46.0         15.5          38.5           15.8           46.2
+#   SimWorld 4 ranks, 3.0M          23.4     36.3 |    92.3         23.5          69.4           23.5           92.1
+#   1 of 4 ranks, 6.0M, ZeRO-2      11.7     19.2 |    46.2         46.2          34.6           34.8           46.2
+#   1 of 6 ranks, 8.0M, ZeRO-2      10.6     17.3 |    61.7         61.6          40.9           40.9           61.5
+#   SimWorld 8 ranks, 0.25M          1.9      4.9 |    15.9          2.1           9.5            1.9           15.7
+#   SimWorld 8 ranks, 0.4M           3.2      6.6 |    25.1          3.2          15.4            3.1           24.7
+# Each wrong answer exceeds the bound in at least one case of every draw by 15 MiB or more, far above what a call
+# could hide (FOOTPRINT plus GROWTH, 5 MiB); the small case (11 MiB or more for full state per rank) is there for
+# code that keeps full state only on small models. State kept for ranks played elsewhere: 150-316 MiB.
 
 
 def _memory_case(nb, n: int, psi: int, played: str, shard_grads: bool, report: dict | None = None) -> None:
@@ -511,17 +572,18 @@ def _memory_case(nb, n: int, psi: int, played: str, shard_grads: bool, report: d
     shapes = [(rows, cols), (psi - rows * cols + 7,)]
     numel = rows * cols + shapes[1][0]
     seed, world_seed = new_seed() % 100_000, new_seed()
-    grad_seeds = [new_seed() % 100_000 for _ in range(MEM_STEPS)]
+    steps = draw(*MEM_STEPS)
+    grad_seeds = [new_seed() % 100_000 for _ in range(steps)]
     length = -(-numel // n)
     ranks = list(range(n)) if played == "all" else [draw(0, n - 1)]
     what = (f"ShardedAdam(..., shard_grads={shard_grads}) on {'a SimWorld of ' if played == 'all' else 'rank '}"
             f"{n if played == 'all' else f'{ranks[0]} of a PartialWorld of {n}'} ranks, {numel:,} float32 parameters "
-            f"(shards of {length:,} elements), {MEM_STEPS} steps")
+            f"(shards of {length:,} elements), {steps} steps")
     params = _made(nb, probes.ch11_make_params, shapes, len(ranks), seed, torch.float32)
     meter.booked += len(ranks) * numel * 4  # the replicas' parameters, made in the student's process before the reading
     hold = _made(nb, probes.ch11_views, params)  # their storage stays allocated whatever happens to the parameters
     world = _world(nb, n, None if played == "all" else ranks, world_seed)
-    kwargs = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, shard_grads=shard_grads)
+    kwargs = dict(lr=MEM_LR, betas=(0.9, 0.999), eps=1e-8, shard_grads=shard_grads)
     # Inside the reading: the optimizer built, then per step gradients given to every parameter and step(); the
     # gradients dropped at the end (by the probe): what the process holds more afterwards is what the optimizer keeps.
     held, out = meter.held_by(lambda: _made(nb, probes.ch11_build_and_step, nb.ShardedAdam, params, world, kwargs,
@@ -533,14 +595,15 @@ def _memory_case(nb, n: int, psi: int, played: str, shard_grads: bool, report: d
     got = fetch(nb.apply(probes.ch11_flat, params, index))
     ref_params = probes.ch11_make_params(shapes, len(ranks), seed, torch.float32)
     if played == "all":
-        want = [_plain_adam(ref_params, grad_seeds, n, 1e-3, (0.9, 0.999), 1e-8)[index]] * n
+        want = [_plain_adam(ref_params, grad_seeds, n, MEM_LR, (0.9, 0.999), 1e-8)[index]] * n
     else:
-        flats, _, _, _ = _reference_sharded(ref_params, PartialWorld(n, ranks, seed=world_seed), grad_seeds, 1e-3,
+        flats, _, _, _ = _reference_sharded(ref_params, PartialWorld(n, ranks, seed=world_seed), grad_seeds, MEM_LR,
                                             (0.9, 0.999), 1e-8)
         want = [f[index] for f in flats]
     for r, values, ref in zip(ranks, got, want):
         check_close(values, ref, f"{what}: rank {r}'s parameters after the steps",
-                    "Adam on the averaged gradients, through the world's collectives", **F32_TOL)
+                    "Adam on the averaged gradients, through the world's collectives, with moments in the parameters' "
+                    "dtype", **MEM_TOL)
     moments = 2 * 4 * length * len(ranks)
     bound = moments + 4 * length * len(ranks) + MEM_SLACK
     repointed = fetch(nb.apply(probes.ch11_repointed, params, hold))["repointed"] if held.kept > bound else None

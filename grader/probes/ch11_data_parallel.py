@@ -23,6 +23,13 @@ def ch11_flat_params(models: list) -> list[torch.Tensor]:
     return [torch.cat([p.detach().reshape(-1).clone() for p in nn.Module.parameters(m)]) for m in models]
 
 
+def ch11_param_flags(models: list) -> list[dict]:
+    """Every parameter of every model, in order: whether it requires grad and whether it has a ``.grad``."""
+    return [{"requires_grad": bool(torch.Tensor.requires_grad.__get__(p)),
+             "has_grad": torch.Tensor.grad.__get__(p) is not None}
+            for m in models for p in nn.Module.parameters(m)]
+
+
 def ch11_number(value) -> dict:
     """A returned number as plain data: its type name and its value (exact string for a Fraction). NumPy's and other
     registered integers and reals come back as ``int`` and ``float`` (a number is graded by its value)."""
@@ -52,16 +59,28 @@ def ch11_make_params(shapes: list, n_ranks: int, seed: int, dtype: torch.dtype =
     return out
 
 
-def ch11_set_grads(params: list, seed: int) -> int:
+def ch11_set_grads(params: list, seed: int, skip: int | None = None) -> int:
     """Give every parameter of every rank a gradient (standard normal, rank after rank, each distinct tensor once,
-    from ``seed``); returns the bytes made."""
+    from ``seed``); the distinct parameter at position ``skip`` gets none (``.grad`` None). Returns the bytes made."""
     generator = torch.Generator().manual_seed(int(seed))
     made = 0
     for ps in params:
-        for p in _ch11_distinct(ps):
-            p.grad = torch.randn(p.shape, generator=generator, dtype=p.dtype)
-            made += p.numel() * p.element_size()
+        for i, p in enumerate(_ch11_distinct(ps)):
+            grad = torch.randn(p.shape, generator=generator, dtype=p.dtype)
+            p.grad = None if i == skip else grad
+            made += 0 if i == skip else p.numel() * p.element_size()
     return made
+
+
+def ch11_generators(params: list) -> list:
+    """Each rank's parameters as a one-pass iterator, as ``model.parameters()`` gives them."""
+    return [iter(list(ps)) for ps in params]
+
+
+def ch11_zero_grad(optimizer, params: list) -> list[list[bool]]:
+    """``optimizer.zero_grad()``, then which distinct parameters still have a ``.grad``."""
+    optimizer.zero_grad()
+    return ch11_grads_left(params)
 
 
 def _ch11_distinct(params: list) -> list:
