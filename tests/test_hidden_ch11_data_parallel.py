@@ -68,10 +68,15 @@ def test_second_implementation_matches_the_notebook_examples():
 
 
 # --- wrong answers, one property broken at a time --------------------------------------------------------------------
-def make_ddp(op="mean", zero=True, through_world=True, returns="floats", validate=True, losses="before"):
+def make_ddp(op="mean", zero=True, through_world=True, returns="floats", validate=True, losses="before",
+             unfreeze=False):
     """``through_world=False``: the replicas' gradients averaged among themselves; ``losses="after"``: the losses
-    recomputed after the step."""
+    recomputed after the step; ``unfreeze``: every parameter set to require grad first."""
     def ddp_step(replicas, optimizers, batches, loss_fn, world):
+        if unfreeze:
+            for model in replicas:
+                for q in model.parameters():
+                    q.requires_grad_(True)
         if validate and not len(replicas) == len(optimizers) == len(batches) == len(world.ranks):
             raise ValueError("one replica, optimizer and batch per rank played")
         values = []
@@ -124,7 +129,8 @@ def make_bounds(rule="ceil", validate="strict"):
 
 
 def make_sharded(dedupe=True, gather=True, count="step", reduce="world", index="rank", keys="ranks", zero2=True,
-                 validate=True, shapes=True, bias=True, dtype=None, keep=None, repoint=False):
+                 validate=True, shapes=True, bias=True, dtype=None, keep=None, repoint=False, iterables="once",
+                 missing="zeros", zero_grad=True):
     """A ZeRO-1/2 Adam with one property broken: ``dedupe=False`` (a tied weight counted twice), ``gather=False``
     (each rank writes back its own shard only), ``count="rank"`` (one step count for all ranks, incremented per rank),
     ``reduce="local"`` (the played ranks' gradients averaged among themselves), ``index="position"`` (shards indexed
@@ -137,6 +143,7 @@ def make_sharded(dedupe=True, gather=True, count="step", reduce="world", index="
         def __init__(self, params, world, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, shard_grads=False):
             if validate and (lr < 0 or eps < 0 or not all(0 <= b < 1 for b in betas)):
                 raise ValueError("lr, eps >= 0 and betas in [0, 1)")
+            self.source = params  # iterables="again": the caller's iterables read again at every step
             self.params = []
             for ps in params:
                 ps = list(ps)
@@ -166,10 +173,18 @@ def make_sharded(dedupe=True, gather=True, count="step", reduce="world", index="
 
         @torch.no_grad()
         def step(self):
-            flats = [self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in ps])
-                     for ps in self.params]
+            if iterables == "again":
+                self.params = [list(ps) for ps in self.source]
+            if missing == "crash":  # torch.cat refuses the None of a parameter without .grad
+                flats = [self._flat([torch.cat([p.grad.reshape(-1) if p.grad is not None else None for p in ps])])
+                         for ps in self.params]
+            else:
+                flats = [self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in ps])
+                         for ps in self.params]
             if self.shard_grads and zero2:
-                self.zero_grad()
+                for ps in self.params:
+                    for p in ps:
+                        p.grad = None
             if keep == "grads":
                 self.kept = flats
             if reduce == "local":
@@ -207,7 +222,7 @@ def make_sharded(dedupe=True, gather=True, count="step", reduce="world", index="
                         p.copy_(piece.view_as(p))
 
         def zero_grad(self):
-            for ps in self.params:
+            for ps in self.params if zero_grad else ():
                 for p in ps:
                     p.grad = None
     return ShardedAdam
@@ -289,6 +304,8 @@ _ddp, _bounds, _adam, _zero, _comm = (_breaking(ex, f) for ex, f in (
 CONTRACT = [
     Clause("ddp_step", 'average every parameter\'s gradient over all ranks of the world with world.all_reduce(..., '
            'op="mean")', ("test_ddp_step_values",), _ddp(op="sum"), "do not sum them"),
+    Clause("ddp_step", "Parameters with ``requires_grad=False`` are left alone", ("test_ddp_step_values",),
+           _ddp(unfreeze=True), "leave frozen parameters alone", label="frozen-left-alone"),
     Clause("ddp_step", "clear the replica's gradients (those of an earlier call must not add in)",
            ("test_ddp_step_values",), _ddp(zero=False), "those of an earlier call must not add in"),
     Clause("ddp_step", "and step every optimizer", ("test_ddp_step_values",),
@@ -340,6 +357,12 @@ CONTRACT = [
            ("test_sharded_adam_memory",), _adam(keep="moments"), "read from outside your process"),
     Clause("ShardedAdam", "nothing of the size of the whole model per rank", ("test_sharded_adam_memory",),
            _adam(keep="grads"), "read from outside your process"),
+    Clause("ShardedAdam", "one iterable of parameters per rank this process plays", ("test_sharded_adam_values",),
+           _adam(iterables="again"), None, label="iterables-read-once", raises="RuntimeError"),
+    Clause("ShardedAdam", "a parameter without ``.grad`` counts as zeros", ("test_sharded_adam_values",),
+           _adam(missing="crash"), None, label="missing-grad-as-zeros", raises="TypeError"),
+    Clause("ShardedAdam", "``zero_grad()``: every parameter's ``.grad`` set to None", ("test_sharded_adam_zero2",),
+           _adam(zero_grad=False), "zero_grad\\(\\) sets every parameter's .grad to None"),
     Clause("ShardedAdam", "The parameters are updated in place (copy_)", ("test_sharded_adam_memory",),
            _adam(repoint=True), r"re-pointed parameters at other tensors"),
     Clause("ShardedAdam", "lr < 0, eps < 0 or a beta outside [0, 1) raise ValueError", ("test_sharded_adam_errors",),
