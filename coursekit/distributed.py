@@ -138,12 +138,18 @@ class SimWorld(_World):
     def __repr__(self) -> str:
         return f"SimWorld({self.size})"
 
+    def _everyone(self, tensors: list[torch.Tensor], reduction: bool = False) -> list[torch.Tensor]:
+        """One tensor per rank of the world, in rank order (here every rank is played: the tensors given).
+        ``reduction``: the call reduces them (a world that simulates ranks may make their tensors differently)."""
+        return [t.detach() for t in tensors]
+
     def _reduced(self, tensors: list[torch.Tensor], op: str) -> torch.Tensor:
         """Every rank's tensor summed in rank order (divided by the world size for "mean"), a new tensor."""
         op = self._op(op)
-        total = tensors[0].detach().clone()
-        for t in tensors[1:]:
-            total += t.detach()
+        everyone = self._everyone(tensors, reduction=True)
+        total = everyone[0].clone()
+        for t in everyone[1:]:
+            total += t
         if op == "mean":
             total /= self.size
         return total
@@ -169,15 +175,15 @@ class SimWorld(_World):
         shards = self._local(shards, "all_gather")
         if shards[0].dim() != 1:
             raise ValueError(f"all_gather takes flat shards, got shape {tuple(shards[0].shape)}")
-        full = torch.cat([s.detach() for s in shards])
+        full = torch.cat(self._everyone(shards))
         self.traffic.book("all_gather", _nbytes(full))
         return [full.clone() for _ in shards]
 
     def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> list[torch.Tensor]:
         tensors = self._local(tensors, "broadcast")
-        if src not in self.ranks:
+        if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.size:
             raise ValueError(f"src must be a rank of the world (0 to {self.size - 1}), got {src!r}")
-        value = tensors[self.ranks.index(src)].detach().clone()
+        value = self._everyone(tensors)[src].clone()
         for t in tensors:
             with torch.no_grad():
                 t.copy_(value)
@@ -233,28 +239,6 @@ class PartialWorld(SimWorld):
         mine = dict(zip(self.ranks, tensors))
         like = tensors[0].detach()
         return [mine[r].detach() if r in mine else self._other(r, like, reduction) for r in range(self.size)]
-
-    def _reduced(self, tensors: list[torch.Tensor], op: str) -> torch.Tensor:
-        return super()._reduced(self._everyone(tensors, reduction=True), op)
-
-    def all_gather(self, shards: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        shards = self._local(shards, "all_gather")
-        if shards[0].dim() != 1:
-            raise ValueError(f"all_gather takes flat shards, got shape {tuple(shards[0].shape)}")
-        full = torch.cat(self._everyone(shards))
-        self.traffic.book("all_gather", _nbytes(full))
-        return [full.clone() for _ in shards]
-
-    def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> list[torch.Tensor]:
-        tensors = self._local(tensors, "broadcast")
-        if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < self.size:
-            raise ValueError(f"src must be a rank of the world (0 to {self.size - 1}), got {src!r}")
-        value = self._everyone(tensors)[src].clone()
-        for t in tensors:
-            with torch.no_grad():
-                t.copy_(value)
-        self.traffic.book("broadcast", _nbytes(value), src=src)
-        return tensors
 
 
 class TorchWorld(_World):
