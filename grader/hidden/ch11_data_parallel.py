@@ -668,7 +668,6 @@ def _memory_hint(args, got) -> str:
     psi, n, stage, p, g, k = args
     if got == round(psi * ({0: p + g + k, 1: p + g + k / n, 2: p + (g + k) / n, 3: (p + g + k) / n}[stage])):
         return "shards hold ceil(Psi / N) elements (padding): use the ceiling, not Psi / N"
-    swapped = {1: (1,), 2: (0, 2), 3: (0, 1, 2)}
     return (f"stage {stage} shards " + {0: "nothing", 1: "the optimizer state (K)", 2: "the gradients and the "
             "optimizer state (G and K)", 3: "all three (P, G and K)"}[stage] + " over the N ranks")
 
