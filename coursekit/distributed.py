@@ -339,6 +339,9 @@ def _rank_main(fn, rank, world_size, port, timeout, args, queue) -> None:
                                     timeout=datetime.timedelta(seconds=timeout))
             try:
                 result = fn(TorchWorld(), *args)
+                # No rank leaves before every rank has joined and finished: a rank that exits while a peer is
+                # still connecting breaks that peer's gloo handshake ("Connection closed by peer").
+                dist.barrier()
             finally:
                 dist.destroy_process_group()
         queue.put((rank, "ok", _pack(result), printed.getvalue()))
@@ -458,6 +461,8 @@ def torchrun_main(fn: Callable, *args):
 
     dist.init_process_group("gloo")
     try:
-        return fn(TorchWorld(), *args)
+        result = fn(TorchWorld(), *args)
+        dist.barrier()  # no rank leaves while a peer is still connecting (see launch)
+        return result
     finally:
         dist.destroy_process_group()
