@@ -40,6 +40,9 @@ DUPLICATES = {
     ("ch10_flash_attention", "flash_attention_backward"): {"kernels.ch10_flash_attention.fused_attention_bwd"},
     ("ch10_flash_attention", "FlashAttention"): {"kernels.ch10_flash_attention.FusedAttentionFunction"},
     ("ch10_flash_attention", "flash_attention_triton"): {"kernels.ch10_flash_attention.flash_attention"},
+    ("ch13_alam", "average_quantize"): {"kernels.ch13_alam.aq_pack_torch", "kernels.ch13_alam.aq_pack_triton"},
+    ("ch13_alam", "average_quantize_triton"): {"kernels.ch13_alam.aq_pack_triton"},
+    ("ch13_alam", "average_dequantize"): {"kernels.ch13_alam.aq_unpack_torch", "kernels.ch13_alam.aq_unpack_triton"},
 }
 
 # Named like an exercise but computing something else: (chapter, exercise) -> {callable: what it is}.
@@ -111,6 +114,16 @@ def _same_behaviour(chapter: str, exercise: str, target: str) -> None:
         w = torch.randn(4, 64, generator=gen)
         packed, absmax = ns["nf4_quantize"](w)
         assert torch.allclose(dup(packed, absmax, ns["nf4_codebook"](), w.shape), ref(packed, absmax, w.shape))
+    elif exercise in ("average_quantize", "average_quantize_triton", "average_dequantize"):  # chapter 13
+        x = torch.randn(37, 53, generator=gen)
+        noise = torch.rand(491, generator=gen)
+        packed = ns["average_quantize"](x, noise)
+        if exercise == "average_dequantize":
+            assert torch.allclose(dup(*packed, x.shape), ref(*packed, x.shape), rtol=1e-6, atol=1e-6)
+        else:  # the same layout; a scale may differ by float32 rounding, moving a code near a boundary
+            got, want = dup(x, noise), ref(x, noise)
+            assert got[0].shape == want[0].shape and (got[0] != want[0]).float().mean() < 0.01
+            assert torch.allclose(got[1], want[1], rtol=0, atol=0) and torch.allclose(got[2], want[2], rtol=1e-6)
     else:  # chapter 10: (B, H, N, d) float32, a ragged last block
         q, k, v, do = (torch.randn(1, 2, 45, 16, generator=gen) for _ in range(4))
         if exercise == "flash_attention_forward":
