@@ -45,7 +45,9 @@ approximate division on a GPU), and CUDA launches pass ``enable_fp_fusion=False`
 ``(mean - min) * scale + u`` is not contracted into one fused multiply-add, which rounds once instead of
 twice. Without a GPU both kernels run in Triton's interpreter (``import kernels`` switches it on). Hazards:
 the interpreter's ``tl.min`` / ``tl.max`` skip NaNs (NumPy's ``nanmin``), a GPU's do not, so inputs with NaN
-give different results (neither is meaningful); indices are int64, so sizes past 2**31 elements work.
+give different results (neither is meaningful); ``tl.sum``, ``tl.min`` and ``tl.max`` run in the interpreter only
+if it was switched on before Triton was imported (import ``kernels`` first; the pack launcher says so
+otherwise). Indices are int64, so sizes past 2**31 elements work.
 
 ``python -m kernels.ch13_alam`` runs the GPU bandwidth benchmark (skipped without CUDA).
 """
@@ -55,7 +57,7 @@ import math
 
 import torch
 
-import kernels  # noqa: F401 - switches the Triton interpreter on when there is no GPU
+import kernels  # before triton: switches the Triton interpreter on when there is no GPU
 import triton
 import triton.language as tl
 
@@ -207,6 +209,14 @@ def _aq_unpack_kernel(codes_ptr, mins_ptr, scales_ptr, out_ptr, n, AVERAGE: tl.c
 # --- launchers -----------------------------------------------------------------------------------
 
 
+def _check_interpreter() -> None:
+    """The interpreter runs ``tl.sum``, ``tl.min`` and ``tl.max`` only if it was on when Triton was imported."""
+    if kernels.INTERPRETED and not isinstance(tl.sum, triton.runtime.interpreter.InterpretedFunction):
+        raise RuntimeError("Triton was imported before the interpreter was switched on, so its tl.sum, tl.min and "
+                           "tl.max cannot run in it: import kernels (or coursekit) before triton, or set "
+                           "TRITON_INTERPRET=1 before starting Python")
+
+
 def _launch_options(t: torch.Tensor) -> dict:
     # no fused multiply-add on a GPU: (mean - min) * scale + u rounds twice, as in PyTorch
     return {"enable_fp_fusion": False} if t.is_cuda else {}
@@ -216,6 +226,7 @@ def aq_pack_triton(x: torch.Tensor, noise: torch.Tensor, average: int = 4, group
     """Triton version of :func:`aq_pack_torch` (same arguments, same result bit for bit): one program per
     group of ``group_size`` means. Inputs other than float32 are converted to float32 before the launch."""
     flat, u, n, m, groups = _flat_inputs(x, noise, average, group_size)
+    _check_interpreter()
     codes = torch.empty(groups * group_size // 4, dtype=torch.uint8, device=flat.device)
     mins = torch.empty(groups, dtype=torch.float32, device=flat.device)
     scales = torch.empty(groups, dtype=torch.float32, device=flat.device)

@@ -6,6 +6,9 @@ runs of 3, 4 and 5; groups of 12, 20, 32 and 128 means; blocks of 128), so every
 GPU checks skip without CUDA.
 """
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -145,3 +148,12 @@ def test_gpu_bandwidth_benchmark_runs():
     gbs = benchmark(1 << 22)
     assert set(gbs) == {"pack triton", "pack pytorch", "unpack triton", "unpack pytorch"}
     assert all(v > 0 for v in gbs.values())
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter runs only without CUDA")
+def test_triton_imported_before_the_interpreter_is_a_clear_error():
+    code = ("import triton, torch\nfrom kernels.ch13_alam import aq_pack_triton\n"
+            "aq_pack_triton(torch.ones(8), torch.zeros(2))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0 and "import kernels (or coursekit) before triton" in proc.stderr
