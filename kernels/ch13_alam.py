@@ -1,8 +1,8 @@
 """ALAM's average quantization (chapter 13): means of 4 activations, 2 bits each, packed four to a byte.
 
 :func:`aq_pack_triton` compresses a saved activation ``x`` (any shape, ``n`` elements, flattened row-major)
-into what ALAM's AQ keeps for backward, in the layout of chapter 13 (bit for bit what its exercises
-``group_quantize`` and ``average_quantize`` produce):
+into what ALAM's AQ keeps for backward, in the layout of chapter 13's exercises ``group_quantize`` and
+``average_quantize`` (the same bytes, up to float32 rounding of a scale; see "Divisions" below):
 
 - **means**: ``M = ceil(n / average)`` float32 means of runs of ``average`` contiguous elements; when ``n``
   is not a multiple of ``average``, the last mean is over the ``n % average`` remaining elements. Each mean
@@ -40,8 +40,9 @@ pointer arithmetic, masks for every tail):
 - ``_aq_unpack_kernel`` gathers, for each output element ``i``, the byte of mean ``i // average``, its two
   bits, and its group's min and scale.
 
-Divisions use ``tl.math.div_rn`` (IEEE rounding, as PyTorch's ``/``; a plain ``/`` may compile to an
-approximate division on a GPU), and CUDA launches pass ``enable_fp_fusion=False`` so that
+Divisions use ``tl.math.div_rn`` (IEEE rounding, as PyTorch's tensor ``/`` tensor; a plain ``/`` may compile
+to an approximate division on a GPU; and PyTorch's ``3 / t`` with a Python number is ``t.reciprocal() * 3``,
+one ulp off the division for about a quarter of the groups, so the reference divides two tensors), and CUDA launches pass ``enable_fp_fusion=False`` so that
 ``(mean - min) * scale + u`` is not contracted into one fused multiply-add, which rounds once instead of
 twice. Without a GPU both kernels run in Triton's interpreter (``import kernels`` switches it on). Hazards:
 the interpreter's ``tl.min`` / ``tl.max`` skip NaNs (NumPy's ``nanmin``), a GPU's do not, so inputs with NaN
