@@ -62,7 +62,6 @@
 #       - 'paper reports up to 10×'
 #     mentioned:  # names an exercise's text uses that grading does not offer (tests/test_namespace.py)
 #       compress_hooks:
-#         coursekit: "coursekit.measure, used in the measurements, not by the exercise"
 #         weight: "weight.t(), an example of a view of a parameter"
 #   jupytext:
 #     text_representation:
@@ -554,9 +553,10 @@ display(Markdown("\n".join(rows)))
 #
 # ## 3. Compressing what autograd saves
 #
-# `torch.autograd.graph.saved_tensors_hooks(pack, unpack)` runs `pack(t)` on every tensor autograd saves
-# for backward, keeps whatever `pack` returns instead of `t`, and hands it to `unpack` when backward needs
-# `t`. That is the whole mechanism of activation compression. ALAM compresses only floating-point
+# Autograd's saved-tensor hooks (the context manager saved_tensors_hooks of torch.autograd.graph, which
+# the test cells and the measurements use; exercise cells may not) take a pair of functions: autograd runs
+# pack(t) on every tensor it saves for backward, keeps whatever pack returns instead of t, and hands
+# that to unpack when backward needs t. That is the whole mechanism of activation compression. ALAM compresses only floating-point
 # tensors that require grad and are not parameters: the weights are kept (they are model state, in memory
 # anyway), and so are integer tensors and tensors that do not require grad (a dropout mask, the input
 # tokens, a LayerNorm's statistics).
@@ -571,8 +571,8 @@ def compress_hooks(bits_per_tensor, seed=0):
             seeded with ``seed``: two pairs made with the same seed compress the same tensors identically.
 
     Returns:
-        (pack, unpack), for ``torch.autograd.graph.saved_tensors_hooks(pack, unpack)`` or
-        ``coursekit.measure(step, model, pack=pack, unpack=unpack)``.
+        (pack, unpack), two functions for autograd's saved-tensor hooks (or for the pack= and unpack= of
+        coursekit's measure).
 
         pack(t): a tensor t is *compressed* when it is floating point, requires grad and is not a parameter
         (``is_parameter(t)``, from the setup cell, is False); any other tensor is returned as it is (the very
@@ -638,12 +638,13 @@ def compress_hooks(bits_per_tensor, seed=0):
 
 
 # %% test="test_compress_hooks" points=2 checks="compress_hooks"
+torch.manual_seed(0)
 layer = nn.Linear(64, 32)
 x = torch.randn(16, 64, requires_grad=True)
-exact = torch.autograd.grad(layer(x).relu().pow(2).sum(), (x, layer.weight))
+exact = torch.autograd.grad(layer(x).tanh().pow(2).sum(), (x, layer.weight))
 pack, unpack = compress_hooks([8], seed=0)
 with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-    y = layer(x).relu().pow(2).sum()
+    y = layer(x).tanh().pow(2).sum()
 approx = torch.autograd.grad(y, (x, layer.weight))
 for name, a, e in zip(("x", "weight"), approx, exact):
     assert (a - e).norm() < 0.05 * e.norm(), f"the gradient of {name} at 8 bits is far from the exact one"

@@ -41,7 +41,7 @@ import random
 import torch
 from torch import nn
 
-from coursekit.checks import check_close, check_equal
+from coursekit.checks import check_close, same_close, same_values
 from grader import probes
 from grader.api import fetch, hidden_test
 from grader.resources import MiB, Meter, draw, mib, new_seed, seeded
@@ -154,9 +154,9 @@ def _compare_codes(got, x, bits, noise, group_size, where, quantized=None, hint=
     if not (torch.isfinite(mins).all() and torch.isfinite(scales).all()):
         raise AssertionError(f"{where}: mins or scales are not finite: a constant group (a single element, too) has "
                              "max - min = 0, and the 2e-6 in scale = (2**bits - 1) / (max - min + 2e-6) keeps it finite")
-    if not torch.allclose(mins.double(), ref_mins.double(), rtol=1e-6, atol=1e-6):
+    if not same_close(mins.double(), ref_mins.double(), rtol=1e-6, atol=1e-6):
         whole = _ref_quantize(x, bits, noise, group_size, whole=True)[1]
-        if groups > 1 and torch.allclose(mins.double(), whole.double(), rtol=1e-6, atol=1e-6):
+        if groups > 1 and same_close(mins.double(), whole.double(), rtol=1e-6, atol=1e-6):
             hint = GROUP_HINT
         check_close(mins, ref_mins, f"{where}: mins", alternatives.get("mins", hint), atol=1e-6, rtol=1e-6)
     check_close(scales, ref_scales, f"{where}: scales", hint, atol=1e-6, rtol=1e-5)
@@ -165,9 +165,9 @@ def _compare_codes(got, x, bits, noise, group_size, where, quantized=None, hint=
     boundary = (pre - pre.round()).abs() < NEAR
     bad = (diff > 1) | ((diff == 1) & ~(boundary & real))
     if bad.any():
-        if torch.equal(codes, _pack(q, bits, msb=True)) and bits < 8:
+        if same_values(codes, _pack(q, bits, msb=True)) and bits < 8:
             hint = PACK_HINT
-        elif torch.equal(codes, _ref_quantize(x, bits, noise, group_size, nearest=True)[0]):
+        elif same_values(codes, _ref_quantize(x, bits, noise, group_size, nearest=True)[0]):
             hint = ROUND_HINT
         elif bool(((got_q - q).abs() <= 1).all()) and bool(real.all()) is False and \
                 bool((got_q[~real] != 0).any()):
@@ -348,13 +348,10 @@ def check_compressed_bits_errors(nb):
 
 
 # --- compress_hooks -------------------------------------------------------------------------------------------------
-class _Small(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1, self.norm, self.fc2 = nn.Linear(24, 64), nn.LayerNorm(64), nn.Linear(64, 10)
-
-    def forward(self, x):
-        return self.fc2(torch.relu(self.norm(self.fc1(x))) ** 2)
+def _small_model() -> nn.Module:
+    """Standard layers only (the judge sends it into the worker): Tanh, Sigmoid and Linear save activations that
+    require grad, and Linear saves a view of its weight."""
+    return nn.Sequential(nn.Linear(24, 64), nn.Tanh(), nn.Linear(64, 64), nn.Sigmoid(), nn.Linear(64, 10))
 
 
 def _hook_tensors(seed: int):
@@ -379,6 +376,12 @@ def _hook_tensors(seed: int):
 
 
 HOOK_BITS = (8, 4, 2, 1, 0.5, 32)
+
+
+def _pair(nb, bits, seed):
+    """The student's (pack, unpack), as two handles."""
+    hooks = nb.compress_hooks(bits, seed=seed)
+    return hooks[0], hooks[1]
 
 
 def _bytes_of(tensors) -> int:
@@ -429,7 +432,7 @@ def _check_packed(entry, t, bits, where):
 def check_compress_hooks(nb):
     seed = new_seed() % 10_000
     listed = _hook_tensors(seed)
-    pack, unpack = nb.compress_hooks(list(HOOK_BITS), seed=seed)
+    pack, unpack = _pair(nb, list(HOOK_BITS), seed)
     # Twice through the list (the same objects again): the count of compressed tensors goes round bits_per_tensor.
     run = fetch(nb.apply(probes.ch13_pack_run, pack, unpack, [v for _, v, _ in listed],
                          [k for _, _, k in listed] * 2))
@@ -450,7 +453,7 @@ def check_compress_hooks(nb):
         _check_packed(entry, t, bits, where)
     # Stochastic rounding: the mean of many packs at 2 bits approaches the tensor.
     t = _case((4, 64), seed + 1)[0]
-    pack, unpack = nb.compress_hooks([2], seed=seed + 2)
+    pack, unpack = _pair(nb, [2], seed + 2)
     mean = fetch(nb.apply(probes.ch13_mean_of_packs, pack, unpack, t, 100))
     step = float((t.detach().amax() - t.detach().amin())) / 3
     err = float((mean - t.detach()).abs().mean()) if isinstance(mean, torch.Tensor) else float("inf")
@@ -459,20 +462,19 @@ def check_compress_hooks(nb):
                              f"average (a step is about {step:.3g}): draw fresh noise for every pack from the pair's "
                              "generator (stochastic rounding), not a fixed rounding")
     # One seed, one result.
-    a, b = (fetch(nb.apply(probes.ch13_pack_run, *nb.compress_hooks([4, 0.5], seed=seed + 3), [t.detach()],
+    a, b = (fetch(nb.apply(probes.ch13_pack_run, *_pair(nb, [4, 0.5], seed + 3), [t.detach()],
                            ["act", "act"])) for _ in range(2))
     for i in range(2):
-        if not (isinstance(a[i]["restored"], torch.Tensor) and isinstance(b[i]["restored"], torch.Tensor)
-                and torch.equal(a[i]["restored"], b[i]["restored"])):
+        if not same_values(a[i]["restored"], b[i]["restored"]):
             raise AssertionError("two pairs made with the same seed compress the same tensors differently: the noise "
                                  "comes from a torch.Generator owned by the pair, seeded with `seed`")
     # Gradients of a model run under the hooks at 8 bits.
     torch.manual_seed(seed)
-    model = _Small()
+    model = _small_model()
     x = torch.randn(32, 24)
     loss = model(x).pow(2).mean()
     exact = torch.autograd.grad(loss, list(model.parameters()))
-    grads = fetch(nb.apply(probes.ch13_hooked_grads, nb.put(model), x, *nb.compress_hooks([8], seed=seed)))
+    grads = fetch(nb.apply(probes.ch13_hooked_grads, nb.put(model), x, *_pair(nb, [8], seed)))
     for (name, _), g, e in zip(model.named_parameters(), grads, exact):
         if not isinstance(g, torch.Tensor) or g.shape != e.shape or not (g - e).norm() <= 0.05 * e.norm():
             raise AssertionError(f"a model run under compress_hooks([8]): the gradient of {name} is more than 5% "
@@ -487,7 +489,7 @@ def _mem_call(pack, t):
 @hidden_test("test_compress_hooks_memory")
 def check_compress_hooks_memory(nb):
     meter = Meter(nb)
-    pack, unpack = nb.compress_hooks([2], seed=1)
+    pack, unpack = _pair(nb, [2], 1)
     nb.apply(probes.ch13_pack_run, pack, unpack, [torch.randn(5, 300)], ["act"])  # first calls: lazy code
     n = draw(MEM_LOW, MEM_HIGH, multiple_of=1024)
     cols = 1024
