@@ -309,7 +309,7 @@ h_in = torch.relu(torch.randn(BATCH, 256))
 rows = ["| layer | backprop: bytes kept | ASA: bytes kept |", "|---|---|---|"]
 for name, (n_in, n_out) in (("Linear 256 → 256", (256, 256)), ("Linear 256 → 10", (256, 10))):
     lin = nn.Linear(n_in, n_out)
-    bp = measure(lambda: lin(h_in.requires_grad_(False)), lin, grad=torch.ones(BATCH, n_out))
+    bp = measure(lambda: lin(h_in), lin, grad=torch.ones(BATCH, n_out))
     asa = measure(lambda: ASALayer(lin)(h_in), lin, grad=torch.ones(BATCH, n_out))
     rows.append(f"| {name} | {bp.activation_bytes:,} | {asa.activation_bytes:,} "
                 f"({bp.activation_bytes / asa.activation_bytes:.0f}× less) |")
@@ -356,7 +356,7 @@ print(f"weight gradient of layer 2, cosine(ASA, backprop) = {F.cosine_similarity
 # %% [markdown]
 # ## 4. Training with ASA
 #
-# Adam, learning rate 1e-3, batch 50, the same seeds for every method. Every tenth step we also
+# Adam, learning rate 1e-3, batch 50, the same seeds for every method. Every twentieth step we also
 # compute the backprop gradient of the second Linear with the same weights on the same batch and
 # record its cosine with the ASA gradient the optimizer actually uses.
 
@@ -370,7 +370,7 @@ def accuracy(model, x, y):
         return (model(x).argmax(1) == y).float().mean().item()
 
 
-def train(make, seed=0, epochs=EPOCHS, cosine_every=10, forward=None):
+def train(make, seed=0, epochs=EPOCHS, cosine_every=20):
     """Train make(seed) with Adam 1e-3; test accuracy and the cosines between ASA and backprop gradients of the
     second Linear (model[2]) taken every ``cosine_every`` steps (none when it is plain)."""
     model = make(seed)
@@ -409,7 +409,7 @@ display(Markdown("Test accuracy after the last epoch:\n\n" + "\n".join(lines)))
 fig, ax = plt.subplots(figsize=(7, 3.2))
 for name in list(MLP_RUNS)[1:]:
     c = mlp_runs[name, 0]["cosines"]
-    ax.plot(np.arange(len(c)) * 10, c, label=name, lw=1)
+    ax.plot(np.arange(len(c)) * 20, c, label=name, lw=1)
 ax.set_xlabel("training step")
 ax.set_ylabel("cosine(ASA ∂W₂, backprop ∂W₂)")
 ax.set_ylim(0, 1)
@@ -635,14 +635,14 @@ from grader.api import run_hidden; run_hidden("ch12_aal", "test_learning_indicat
 # %% [markdown]
 # ## 7. ARA on a residual MLP
 #
-# A residual MLP for the digits: a stem `Linear(64, 128)` + ReLU, four `ResidualMLPBlock(128, 128)`,
+# A residual MLP for the digits: a stem `Linear(64, 128)` + ReLU, four `ResidualMLPBlock(128, 64)`,
 # a head `Linear(128, 10)`. Group size $k$ = 1 is plain backprop (every block is its own group's
 # first); $k$ = 2 and 4 keep one input per group for the fc1 gradients. We train each the same way
 # as the MLP (one seed) and measure the bytes kept for backward by one step, and the learning indicator
 # of every fc1 against the distance of its block from the group start.
 
 # %%
-RES_D, RES_H, RES_BLOCKS = 128, 128, 4
+RES_D, RES_H, RES_BLOCKS = 128, 64, 4
 GROUP_SIZES = (1, 2, 4)
 RES_SEEDS = (0,)
 
@@ -744,7 +744,7 @@ def draw_choice(axes, layers="layers 2-3"):
     ax_acc, ax_bytes = axes
     names = list(CHOICES)
     ax_acc.bar(names, [choice_acc[n] for n in names], color=["#dd8452" if n == layers else "#4c72b0" for n in names])
-    ax_acc.set_ylim(0.8, 1.0)
+    ax_acc.set_ylim(min(choice_acc.values()) - 0.05, 1.0)
     ax_acc.set_ylabel("test accuracy")
     ax_acc.tick_params(axis="x", labelsize=7)
     ax_bytes.bar(["Linear 1", "Linear 2", "Linear 3"], choice_bytes[layers])
@@ -777,8 +777,8 @@ def one_step(model):
     return step
 
 
-t_bp = time_it(one_step(make_mlp()), repeats=fast(30, 3))
-t_asa = time_it(one_step(make_mlp(asa=(2, 3))), repeats=fast(30, 3))
+t_bp = time_it(one_step(make_mlp()), repeats=fast(15, 3))
+t_asa = time_it(one_step(make_mlp(asa=(2, 3))), repeats=fast(15, 3))
 print(f"one training step, ASA vs backprop: {compare(t_asa, t_bp, ('ASA', 'backprop'))}")
 acc = {name: np.mean([mlp_runs[name, s]["acc"] for s in SEEDS]) for name in MLP_RUNS}
 res_acc = {k: np.mean([res_runs[k, s]["acc"] for s in RES_SEEDS]) for k in GROUP_SIZES}
@@ -817,9 +817,10 @@ display(Markdown(
     f"what else keeps the same tensor: next to torch's ReLU, ASA saves nothing "
     f"({whole['ASA on layers 2-3']:,} vs {whole['backprop']:,} bytes); only with 1-bit ReLUs does it show "
     f"({whole['ASA on layers 2-3 + 1-bit ReLUs']:,} bytes). And "
-    f"on a CPU with layers this small the custom Function and the packing cost time of their own "
-    f"(step time ratio {t_asa.best / t_bp.best:.2f}, see the verdict above): the paper's 'no slowdown' is a GPU "
-    f"claim that our timing neither confirms nor refutes."))
+    f"on a CPU with layers this small the custom Function and the packing cost time of their own: a step takes "
+    f"{t_asa.best / t_bp.best:.2f} times as long (the verdict above says whether that is beyond the repeats' "
+    f"spread). The paper's 'no slowdown' concerns its GPU implementation, where packing is a small fused "
+    f"kernel beside large products; our timing does not test that setting."))
 
 # %% [markdown]
 # ## 10. Summary
