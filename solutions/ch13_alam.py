@@ -970,7 +970,7 @@ display(Markdown("\n".join(lines)))
 # overhead included) with float32.
 
 # %%
-STEPS = fast(80, 6)
+STEPS = fast(64, 6)
 FT_BATCH = 16
 LR = 3e-3
 RUNS = {"float32": None, "uniform 2-bit": [2] * L,
