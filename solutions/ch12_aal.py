@@ -134,7 +134,7 @@ def asa_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     test_asa_linear_edge_cases no bias, a 1-D x, x or the weight not requiring grad, and the errors.
     Graded on float32 tensors, with and without bias, x with and without grad, inputs with exact zeros,
     relu False and True, the defaults and other epsilon and lam (so that lam * epsilon is not 1): fixed
-    layers (37 × 53 → 29, x of shape (2, 5, 53)) and layers drawn at grading time (rows 2 to 64,
+    layers (37 × 53 → 29, x of shape (2, 5, 53), and smaller ones) and layers drawn at grading time (rows 2 to 64,
     in_features 2 to 96, out_features 2 to 64). test_asa_linear_memory reads from outside your process
     what one forward keeps until backward: x of 12 × 2^20 to 15 × 2^20 elements, 2-D with in_features from
     1024 to 2048, shape and values drawn at grading time, made for the call and released after it (the
