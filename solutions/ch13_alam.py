@@ -694,7 +694,7 @@ from grader.api import run_hidden; run_hidden("ch13_alam", "test_compress_hooks_
 
 # %%
 CHECKPOINT = "tinygpt_fibonacci"
-BATCH = 32
+BATCH = fast(32, 8)
 target_train = target_task(fast(2000, 256), seed=101)
 target_test = target_task(fast(1000, 256), seed=102)
 model = load_pretrained(CHECKPOINT)
@@ -932,7 +932,7 @@ from grader.api import run_hidden; run_hidden("ch13_alam", "test_allocate_bits_e
 # the allocations at an average of 2, 1.5 and 1 bits: which tensors keep more bits.
 
 # %%
-x_sens, y_sens = xb[:8], yb[:8]
+x_sens, y_sens = xb[:fast(8, 4)], yb[:fast(8, 4)]
 
 
 def norm_vector(bits, seed):
@@ -972,7 +972,7 @@ display(Markdown("\n".join(lines)))
 
 # %%
 STEPS = fast(64, 6)
-FT_BATCH = 16
+FT_BATCH = fast(16, 8)
 LR = 3e-3
 RUNS = {"float32": None, "uniform 2-bit": [2] * L,
         **{f"allocated, {avg} bits avg": allocations[avg] for avg in (2, 1.5)}}
