@@ -1111,11 +1111,10 @@ def average_quantize_triton(x, noise):
         mn = tl.min(tl.where(live, means, float("inf")), 0)
         mx = tl.max(tl.where(live, means, float("-inf")), 0)
         scale = 3.0 / (mx - mn + 2e-6)
-        u = tl.load(noise_ptr + idx, mask=live, other=0.0)
-        q = tl.floor((means - mn) * scale + u)
-        q = tl.minimum(tl.maximum(q, 0.0), 3.0)
-        q = tl.where(live, q, 0.0).to(tl.int32)
-        pairs = tl.reshape(q, (GROUP // 4, 4))
+        rand = tl.load(noise_ptr + idx, mask=live, other=0.0)
+        level = tl.minimum(tl.maximum(tl.floor((means - mn) * scale + rand), 0.0), 3.0)
+        level = tl.where(live, level, 0.0).to(tl.int32)  # padding means hold code 0
+        pairs = tl.reshape(level, (GROUP // 4, 4))
         shifts = tl.arange(0, 4) * 2
         packed = tl.sum(pairs << shifts[None, :], 1)
         tl.store(codes_ptr + g * (GROUP // 4) + tl.arange(0, GROUP // 4), packed.to(tl.uint8))
