@@ -1,5 +1,5 @@
 """Second correct answers for ch12_aal, written from the released notebook alone: ASA through einsum on flattened
-rows with the sign rebuilt by arithmetic on the unpacked bits, ARA as a zero-valued term that routes fc1's weight
+rows, slice by slice, with the sign rebuilt by arithmetic on the unpacked bits, ARA as a zero-valued term that routes fc1's weight
 gradient through x_0 (plain autograd, no custom Function), and the indicator in its Σ a(2x̃ − a) form."""
 
 SECOND = {
@@ -33,9 +33,13 @@ def asa_linear(x, weight, bias, epsilon=0.01, lam=100.0, relu=False):
             if ctx.needs_input_grad[0]:
                 gx = torch.matmul(grad_y, w)
             if ctx.needs_input_grad[1]:
-                bits = unpack_mask_torch(packed, flat_g.shape[0] * ctx.n_in).reshape(-1, ctx.n_in)
-                aux = bits.to(flat_g.dtype) * (1.0 - low) + low
-                gw = torch.einsum("no,ni->oi", flat_g, aux) * (lam * epsilon)
+                # in slices of 512 rows (512 * n_in bits: whole bytes), never a float s of all of x at once
+                gw = flat_g.new_zeros(flat_g.shape[1], ctx.n_in)
+                for start, part in zip(range(0, flat_g.shape[0], 512), flat_g.split(512)):
+                    lo, hi = start * ctx.n_in // 8, ((start + part.shape[0]) * ctx.n_in + 7) // 8
+                    bits = unpack_mask_torch(packed[lo:hi], part.shape[0] * ctx.n_in).reshape(-1, ctx.n_in)
+                    gw += torch.einsum("no,ni->oi", part, bits.to(flat_g.dtype) * (1.0 - low) + low)
+                gw = gw * (lam * epsilon)
             if ctx.needs_input_grad[2]:
                 gb = flat_g.sum(dim=0)
             return gx, gw, gb

@@ -29,7 +29,22 @@ GRADE_IDS = {
     "ara_group": ["test_ara_group", "test_ara_group_memory", "test_ara_group_edge_cases"],
     "learning_indicator": ["test_learning_indicator", "test_learning_indicator_errors"],
 }
-SETUP = {"pack_mask_torch": pack_mask_torch, "unpack_mask_torch": unpack_mask_torch}
+
+
+class ResidualMLPBlock(torch.nn.Module):
+    """The setup cell's block: x + fc2(relu(fc1(x)))."""
+
+    def __init__(self, d: int, h: int):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d, h)
+        self.fc2 = torch.nn.Linear(h, d)
+
+    def forward(self, x):
+        return x + self.fc2(F.relu(self.fc1(x)))
+
+
+SETUP = {"pack_mask_torch": pack_mask_torch, "unpack_mask_torch": unpack_mask_torch,
+         "ResidualMLPBlock": ResidualMLPBlock}
 
 
 def _defined(source: str, name: str):
@@ -58,12 +73,22 @@ def test_second_correct_implementation_passes(exercise):
 
 # --- wrong answers, one property broken at a time ---------------------------------------------------------------------
 def make_asa(no_eps=False, torch_sign=False, ignore_relu=False, no_lam=False, no_eps_dw=False, dx_from_s=False,
-             db_first_dim=False, save="packed", always_dx=False, check=True, dw_from_x=False):
-    """``save``: what the forward keeps for backward ("packed", "bool", "x")."""
+             db_first_dim=False, save="packed", always_dx=False, check=True, dw_from_x=False, plain_for_parameter=False,
+             plain_between=None, sketch_when_large=False, keep_x_with_bias=False, try_dx=False):
+    """``save``: what the forward keeps for backward ("packed", "bool", "x"). The switches that look at their input
+    (``plain_for_parameter``: plain backprop for an nn.Parameter weight; ``plain_between``: plain backprop for x of
+    that many elements; ``sketch_when_large``: on 2^20 elements or more, one number instead of s, exact only for
+    identical rows of g; ``keep_x_with_bias``: x kept when there is a bias) and ``try_dx`` (dx always computed, an
+    unreadable weight swallowed) are the wrong answers that once scored full marks."""
     def asa_linear(x, weight, bias, epsilon=0.01, lam=100.0, relu=False):
         if check and (x.shape[-1] != weight.shape[1] or not epsilon > 0):
             raise ValueError("bad arguments")
+        if (plain_for_parameter and isinstance(weight, torch.nn.Parameter)) or \
+                (plain_between and plain_between[0] < x.numel() < plain_between[1]):
+            return F.linear(x, weight, bias)
         use_relu = relu and not ignore_relu
+        sketch = sketch_when_large and x.numel() >= 2**20
+        keep_kind = "x" if keep_x_with_bias and bias is not None else save
 
         def sign(t):
             if torch_sign:
@@ -74,7 +99,10 @@ def make_asa(no_eps=False, torch_sign=False, ignore_relu=False, no_lam=False, no
             @staticmethod
             def forward(ctx, x, w, b):
                 s = sign(x)
-                keep = {"packed": pack_mask_torch(x > 0), "bool": x > 0, "x": x}[save]
+                if sketch:
+                    keep = s.sum().reshape(1)
+                else:
+                    keep = {"packed": pack_mask_torch(x > 0), "bool": x > 0, "x": x}[keep_kind]
                 ctx.save_for_backward(keep, w, x if dw_from_x else None)
                 ctx.shape = x.shape
                 return F.linear(x if no_eps else x + epsilon * s, w, b)
@@ -84,20 +112,36 @@ def make_asa(no_eps=False, torch_sign=False, ignore_relu=False, no_lam=False, no
                 keep, w, x_kept = ctx.saved_tensors
                 n_in = ctx.shape[-1]
                 rows = g.reshape(-1, g.shape[-1])
-                if save == "packed":
-                    positive = unpack_mask_torch(keep, rows.shape[0] * n_in).view(-1, n_in)
-                else:
-                    positive = (keep > 0).reshape(-1, n_in)
-                s = torch.where(positive, 1.0, 0.0 if use_relu else -1.0)
+                n_rows = rows.shape[0]
+
+                def s_rows(a, b):  # s of rows a to b (a a multiple of 8): never all of x at once
+                    if keep_kind == "packed":
+                        positive = unpack_mask_torch(keep[a * n_in // 8:-(-b * n_in // 8)], (b - a) * n_in)
+                    else:
+                        positive = keep.reshape(-1, n_in)[a:b] > 0
+                    return torch.where(positive.view(b - a, n_in), 1.0, 0.0 if use_relu else -1.0)
+
                 dx = dw = db = None
-                if ctx.needs_input_grad[0] or always_dx:
-                    dx = (g @ w)
+                if ctx.needs_input_grad[0] or always_dx or try_dx:
+                    try:
+                        dx = (g @ w)
+                    except RuntimeError:
+                        if not try_dx:
+                            raise
                     if dx_from_s:
-                        dx = dx * s.reshape(dx.shape)
+                        dx = dx * torch.cat([s_rows(a, min(a + 1024, n_rows)) for a in range(0, n_rows, 1024)]
+                                            ).reshape(dx.shape)
                 if ctx.needs_input_grad[1]:
                     scale = (1.0 if no_lam else lam) * (1.0 if no_eps_dw else epsilon)
-                    aux = x_kept.reshape(-1, n_in) if dw_from_x else s
-                    dw = scale * rows.t() @ aux
+                    if sketch:
+                        dw = scale * torch.outer(rows.sum(0) / n_rows, (keep / n_in).expand(n_in))
+                    else:
+                        dw = rows.new_zeros(rows.shape[1], n_in)
+                        for a in range(0, n_rows, 1024):
+                            b_ = min(a + 1024, n_rows)
+                            aux = x_kept.reshape(-1, n_in)[a:b_] if dw_from_x else s_rows(a, b_)
+                            dw += rows[a:b_].t() @ aux
+                        dw = scale * dw
                 if ctx.needs_input_grad[2]:
                     db = rows.mean(0) if db_first_dim else rows.sum(0)
                 return dx, dw, db
@@ -107,11 +151,26 @@ def make_asa(no_eps=False, torch_sign=False, ignore_relu=False, no_lam=False, no
     return asa_linear
 
 
-def make_ara(own_input=False, forward_from_x0=False, lam=1.0, copy_x0=False, cut_dx=False, check=True):
+def make_ara(own_input=False, forward_from_x0=False, lam=1.0, copy_x0=False, cut_dx=False, check=True,
+             plain_for_block_class=False, plain_between=None, sketch_when_large=False, copy_if_3d=False,
+             strict=False):
+    """The switches that look at their input (``plain_for_block_class``: plain backprop for the setup cell's class;
+    ``plain_between``: for x of that many elements; ``sketch_when_large``: only x_0's column sums on 2^20 elements or
+    more, exact only for identical rows; ``copy_if_3d``: a copy of x_0 per block for a 3-D x) are wrong answers that
+    once scored full marks; ``strict`` (a TypeError for anything but a ResidualMLPBlock) is correct."""
     def ara_group(blocks, x):
         blocks = list(blocks)
         if check and not blocks:
             raise ValueError("empty group")
+        if strict and not all(isinstance(b, ResidualMLPBlock) for b in blocks):
+            raise TypeError("blocks must be ResidualMLPBlocks")
+        if (plain_for_block_class and type(blocks[0]).__name__ == "ResidualMLPBlock") or \
+                (plain_between and plain_between[0] < x.numel() < plain_between[1]):
+            for block in blocks:
+                x = block(x)
+            return x
+        sketch = sketch_when_large and x.numel() >= 2**20
+        n_rows = x.numel() // x.shape[-1]
 
         class Fn(torch.autograd.Function):
             @staticmethod
@@ -124,22 +183,29 @@ def make_ara(own_input=False, forward_from_x0=False, lam=1.0, copy_x0=False, cut
                 aux, w = ctx.saved_tensors
                 rows = g.reshape(-1, g.shape[-1])
                 dh = None if cut_dx else g @ w
+                if sketch:
+                    return dh, None, torch.outer(rows.sum(0) / n_rows, aux.reshape(-1)), rows.sum(0)
                 return dh, None, lam * rows.t() @ aux.reshape(-1, aux.shape[-1]), rows.sum(0)
 
         x0 = x.detach()
+        if sketch:
+            x0 = x0.reshape(-1, x0.shape[-1]).sum(0)
+        copy = copy_x0 or (copy_if_3d and x.dim() == 3)
         h = x
         for block in blocks:
-            z = Fn.apply(h, x0.clone() if copy_x0 else x0, block.fc1.weight, block.fc1.bias)
+            z = Fn.apply(h, x0.clone() if copy else x0, block.fc1.weight, block.fc1.bias)
             h = h + block.fc2(F.relu(z))
         return h
 
     return ara_group
 
 
-def make_li(mean=False, norm_a=False, check=True):
+def make_li(mean=False, norm_a=False, check=True, mean_norm_a_if_wide=False):
     def learning_indicator(x_tilde, a):
         if check and (x_tilde.shape != a.shape or x_tilde.dim() == 0):
             raise ValueError("shapes differ")
+        if mean_norm_a_if_wide and x_tilde.shape[-1] > 64:
+            return (1 - a.pow(2).sum(-1) / x_tilde.pow(2).sum(-1)).mean()
         if norm_a:
             return 1 - a.pow(2).sum(-1) / (x_tilde.pow(2).sum(-1) + 1e-6)
         if mean:
@@ -183,10 +249,28 @@ CONTRACT = [
            label="keeps-x"),
     Clause("asa_linear", "no bool or float copy of s", ("test_asa_linear_memory",), _asa(save="bool"), KEPT,
            label="keeps-bool"),
-    Clause("asa_linear", "with x not requiring grad", ("test_asa_linear_edge_cases",), _asa(always_dx=True),
-           "backward read the weight"),
+    Clause("asa_linear", "with x not requiring grad", ("test_asa_linear_memory", "test_asa_linear_edge_cases"),
+           _asa(always_dx=True), "backward read the weight|as much as x itself"),
     Clause("asa_linear", "ValueError: if x.shape[-1] differs from weight.shape[1], or epsilon <= 0",
            ("test_asa_linear_edge_cases",), _asa(check=False), "ValueError"),
+    Clause("asa_linear", "the weight and bias as nn.Parameters (as in an nn.Module)",
+           ("test_asa_linear",), _asa(plain_for_parameter=True), "computes on x",
+           label="plain-for-parameter"),
+    Clause("asa_linear", "one whose x has 10^4 to 10^6 elements, drawn log-uniformly", ("test_asa_linear",),
+           _asa(plain_between=(6144, 2**20)), "computes on x", label="plain-in-the-size-gap"),
+    Clause("asa_linear", "The output gradient is drawn and sent only after the forward; y, the whole dW",
+           ("test_asa_linear_memory",), _asa(sketch_when_large=True), "dW of", label="one-number-sketch"),
+    Clause("asa_linear", "(a) an nn.Parameter weight and bias", ("test_asa_linear_memory",),
+           _asa(keep_x_with_bias=True), KEPT, label="keeps-x-with-bias"),
+    Clause("asa_linear", "backward allocates nothing of x's size", ("test_asa_linear_memory",), _asa(try_dx=True),
+           "as much as x itself", label="dx-in-try-except"),
+    Clause("ara_group", "groups of 1 to 4 of the setup cell's ResidualMLPBlocks",
+           ("test_ara_group",), _ara(plain_for_block_class=True), "not from its own", label="plain-for-the-block-class"),
+    Clause("ara_group", "one group whose x has 10^4 to 10^6 elements", ("test_ara_group",),
+           _ara(plain_between=(2048, 2**20)), "not from its own", label="plain-in-the-size-gap"),
+    Clause("ara_group", "every block's fc1 weight and bias gradients", ("test_ara_group_memory",),
+           _ara(sketch_when_large=True), "gradient of block", label="column-sum-sketch"),
+    Clause("ara_group", "(a) 3-D", ("test_ara_group_memory",), _ara(copy_if_3d=True), KEPT, label="copies-when-3d"),
     Clause("ara_group", "fc1.weight's gradient is g_iᵀ x_0", ("test_ara_group",), _ara(own_input=True),
            "not from its own"),
     Clause("ara_group", "every value computed from the real x_i", ("test_ara_group",), _ara(forward_from_x0=True),
@@ -203,12 +287,22 @@ CONTRACT = [
            "one value per row"),
     Clause("learning_indicator", "1 - Σ_j (x_tilde - a)_j² / (Σ_j x_tilde_j² + 1e-6)", ("test_learning_indicator",),
            _li(norm_a=True), "subtract a"),
+    Clause("learning_indicator", "the notebook's 128 and 256", ("test_learning_indicator",),
+           _li(mean_norm_a_if_wide=True), "one value per row", label="batch-mean-when-wide"),
     Clause("learning_indicator", "ValueError: if the shapes differ", ("test_learning_indicator_errors",),
            _li(check=False), "ValueError"),
 ]
 
 test_contract_quotes_the_notebook, test_contract_wrong_answer_loses_only_its_cells, \
     test_contract_covers_every_graded_cell = contract_tests(CHAPTER, CONTRACT, namespace, CHECKS, globals())
+
+
+def test_strict_block_check_passes():
+    """A TypeError for anything but the setup cell's ResidualMLPBlock, as the docstring's "a non-empty sequence of
+    ResidualMLPBlock" allows: the grader passes the notebook's own blocks."""
+    ns = namespace(ara_group=make_ara(strict=True))
+    for cell in GRADE_IDS["ara_group"]:
+        CHECKS[cell](ns)
 
 
 # --- the same checks through the sandbox, as at autograde ------------------------------------------

@@ -1,32 +1,42 @@
 """Hidden tests of chapter 12 (AAL: auxiliary activation learning).
 
+Every graded call is made the way the notebook uses the functions: asa_linear gets its weight and bias as
+nn.Parameters in some calls and plain tensors in others; ara_group gets the worker's own setup-cell
+ResidualMLPBlocks (made through nb.ResidualMLPBlock(d, h), their parameters set by probes.ch12_set_block). Sizes span the notebook's own,
+a log-uniform draw from 10^4 to 10^6 elements, and the memory cells'.
+
 asa_linear, by property:
 - values (test_asa_linear): y = (x + ε s) Wᵀ + b, dx = g W, dW = λ ε gᵀ s, db = Σ g against a float64 reference
-  computed here, on fixed layers (37 × 53 → 29; x (2, 5, 53)) and one drawn at grading time, inputs with exact
-  zeros (s = -1 there, unlike torch.sign), relu False and True, the defaults and other ε, λ (λ ε ≠ 1). Failures
-  are matched against known mistakes (no ε s in the forward, torch.sign, λ or ε missing, dx from s, dW from x)
-  to name the one that was made.
-- memory (test_asa_linear_memory): read from outside the worker (``Meter``): one forward on x of 12·2^20 to
-  15·2^20 elements (2-D, in_features 1024 to 2048, drawn; made in the worker for the call and released after
-  it), the weight (64 × in_features) held by the grader: kept ≤ ⌈n/8⌉ + the returned row sums + 2 MiB (the
-  reference keeps about 0.6 MiB beyond the packed s). A bool s keeps n bytes, x itself 4n: at least 8 MiB over the
-  bound across the range, more than ballast can hide (5 MiB). On that same call: the output's
-  row sums (weights drawn now), and after backward the sums of dx and dW (through the inputs' 0-d leaves),
-  against the judge's float64 values on the same seeded x.
+  computed here, on fixed layers (37 × 53 → 29; x (2, 5, 53); the notebook's 50 × 256 → 256 and → 10) and two
+  drawn at grading time (a small one; one of 10^4 to 10^6 elements), inputs with exact zeros (s = -1 there, unlike
+  torch.sign), relu False and True, the defaults and other ε, λ (λ ε ≠ 1). Failures are matched against known
+  mistakes (no ε s in the forward, torch.sign, λ or ε missing, dx from s, dW from x) to name the one that was made.
+- memory (test_asa_linear_memory): two measured calls read from outside the worker (each its own ``Meter``):
+  (a) nn.Parameter W and bias, x 3-D of 12·2^20 to 15·2^20 elements requiring grad; (b) plain W, no bias, x 2-D
+  of 8·2^20 to 12·2^20 elements not requiring grad; in_features 1024 to 2048, the weight (64 × in_features) held by
+  the grader, x made in the worker for the call. Kept ≤ ⌈n/8⌉ + y + 2 MiB. On that same call: all of y, then an
+  output gradient with random rows drawn and sent only after the forward; the whole dW (and db), dx at drawn rows
+  and Σ dx against float64; in (b), backward's peak below x's size (dx, or a float s of all of x, would reach it).
 - edge cases: no bias; x not requiring grad with the weight's storage freed between forward and backward (a
   backward that computes dx reads it and raises); a frozen weight; a 1-D x; ValueError for a wrong last
   dimension and ε ≤ 0.
 
 ara_group: values and every gradient against a float64 autograd reference whose fc1 weight gradients come from
-the group input (groups of 1 to 4 blocks, 2-D and 3-D x, a drawn case); memory from outside the worker: 3 or 4
-blocks (d 768 to 1024, h 64) on 4096 rows made for the call: kept ≤ x_0 + the ReLU outputs + 4 MiB (the reference
-keeps about 1.3 MiB beyond them; a stored input per block keeps 24 MiB or more beyond), the output and gradients of
-that call checked, with fc1's pre-activations kept far from 0 so that float32 and float64 agree on every ReLU; edge cases: one block (exact backprop), a tuple and an nn.ModuleList, x not
-requiring grad, ValueError for an empty group.
+the group input (groups of 1 to 4 blocks, 2-D and 3-D x, the notebook's 50 × 128 with h = 64, a small drawn case
+and one of 10^4 to 10^6 elements); the output gradient is zero on the rows where an fc1 pre-activation lies within
+1e-3 of 0 (float32 and float64 agree on every ReLU elsewhere), random on the others, so rows keep their own masks.
+Memory from outside the worker, two calls ((a) 3-D x, (b) 2-D x): 3 or 4 blocks (d 768 to 1024, h 64) on 4096 rows
+made for the call: kept ≤ x_0 + the ReLU outputs + 4 MiB (a stored input per block keeps 12 MiB or more beyond);
+the output gradient is a tensor the grader holds, written after the forward; dx at drawn rows, Σ dx and every
+block's fc1 weight and bias gradients of that call checked. Edge cases: one block (exact backprop), a tuple and an
+nn.ModuleList, x not requiring grad, ValueError for an empty group.
 
-learning_indicator: per-row values against float64 (both forms the text allows pass), shapes (...); errors.
+learning_indicator: per-row values against float64 (both forms the text allows pass), shapes (...), d up to 512
+(the notebook's 128 and 256); errors.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -110,7 +120,8 @@ def _asa_where(shape, n_out, kw, bias=True) -> str:
 
 def _asa_call(nb, x, w, b, g, kw, **run):
     got = fetch(nb.apply(probes.ch12_asa_run, nb.asa_linear, x, w, b, g, kw, **run))
-    where = _asa_where(tuple(x.shape), w.shape[0], kw, b is not None)
+    where = _asa_where(tuple(x.shape), w.shape[0], kw, b is not None) + \
+        (", W and b as nn.Parameters" if run.get("parameter") else "")
     if got["type"] != "Tensor":
         raise AssertionError(f"{where} returned {got['type']}: it returns y, a tensor")
     if not got["attached"]:
@@ -118,9 +129,9 @@ def _asa_call(nb, x, w, b, g, kw, **run):
     return got, where
 
 
-def _asa_values(nb, x, w, b, g, kw, tol=TOL) -> None:
+def _asa_values(nb, x, w, b, g, kw, tol=TOL, parameter=False) -> None:
     eps, lam, relu = kw.get("epsilon", 0.01), kw.get("lam", 100.0), kw.get("relu", False)
-    got, where = _asa_call(nb, x, w, b, g, kw)
+    got, where = _asa_call(nb, x, w, b, g, kw, parameter=parameter)
     ref = _asa_ref(x, w, b, g, eps, lam, relu)
     no_eps = _asa_ref(x, w, b, g, eps, lam, relu, forward_eps=False)
     tsign = _asa_ref(x, w, b, g, eps, lam, relu, sign="torch.sign")
@@ -140,82 +151,149 @@ def _asa_values(nb, x, w, b, g, kw, tol=TOL) -> None:
 
 
 ASA_DRAWN = ((2, 64), (2, 96), (2, 64))  # rows, in_features, out_features of the drawn layer
+ASA_LARGE = (10**4, 10**6)  # elements of x of the layer drawn log-uniformly between the small cases and the memory cell
+
+
+def _log_uniform(low: int, high: int) -> int:
+    """An integer drawn log-uniformly in [low, high] at grading time."""
+    return int(round(math.exp(math.log(low) + (math.log(high) - math.log(low)) * draw(0, 10**6) / 10**6)))
 
 
 @hidden_test("test_asa_linear")
 def check_asa_linear(nb):
-    cases = [((37, 53), 29, {}, 1), ((2, 5, 53), 29, {"epsilon": 0.05, "lam": 3.0, "relu": True}, 2),
-             ((37, 53), 29, {"epsilon": 0.02, "lam": 7.0}, 3), ((37, 53), 29, {"relu": True}, 4),
-             ((6, 4, 11), 7, {"epsilon": 0.1, "lam": 2.5}, 5)]
-    for shape, n_out, kw, seed in cases:
+    # (shape of x, out_features, keyword arguments, seed, weight and bias as nn.Parameters)
+    cases = [((37, 53), 29, {}, 1, True), ((2, 5, 53), 29, {"epsilon": 0.05, "lam": 3.0, "relu": True}, 2, False),
+             ((37, 53), 29, {"epsilon": 0.02, "lam": 7.0}, 3, False), ((37, 53), 29, {"relu": True}, 4, True),
+             ((6, 4, 11), 7, {"epsilon": 0.1, "lam": 2.5}, 5, True),
+             ((50, 256), 256, {}, 6, True), ((50, 256), 10, {"relu": True}, 7, True)]  # the notebook's layers
+    for shape, n_out, kw, seed, parameter in cases:
         x, w, b, g = _asa_inputs(shape, n_out, seed)
-        _asa_values(nb, x, w, b, g, kw)
+        _asa_values(nb, x, w, b, g, kw, parameter=parameter)
     rows, n_in, n_out = (draw(*r) for r in ASA_DRAWN)
     kw = {"epsilon": draw(1, 20) / 100, "lam": float(draw(1, 200)), "relu": bool(draw(0, 1))}
     x, w, b, g = _asa_inputs((rows, n_in), n_out, new_seed())
-    _asa_values(nb, x, w, b, g, kw, tol=dict(atol=1e-3, rtol=1e-4))
+    _asa_values(nb, x, w, b, g, kw, tol=dict(atol=1e-3, rtol=1e-4), parameter=bool(draw(0, 1)))
+    # Between the small layers and the memory cell: x of 10^4 to 10^6 elements, drawn log-uniformly.
+    n_in = draw(32, 512)
+    rows = max(1, _log_uniform(*ASA_LARGE) // n_in)
+    shape = (rows, n_in) if draw(0, 1) else (2, -(-rows // 2), n_in)
+    kw = {"epsilon": draw(1, 20) / 100, "lam": float(draw(1, 200)), "relu": bool(draw(0, 1))}
+    x, w, b, g = _asa_inputs(shape, draw(8, 128), new_seed(), bias=bool(draw(0, 1)))
+    _asa_values(nb, x, w, b, g, kw, tol=dict(atol=5e-3, rtol=1e-4), parameter=bool(draw(0, 1)))
 
 
-# --- asa_linear: what the forward keeps -----------------------------------------------------------------
-MEM_LOW, MEM_HIGH = 12 * 2**20, 15 * 2**20  # elements of the measured x: 48 to 60 MiB of fp32
-MEM_COLS = (1024, 2048, 64)  # in_features, drawn (multiples of 64)
+# --- asa_linear: what the forward keeps, what backward allocates ------------------------------------------------------
+MEM_CASES = {  # elements of x, in_features (multiples of 64), x 3-D, weight and bias as nn.Parameters, bias, x's grad
+    "a": dict(numel=(12 * 2**20, 15 * 2**20), cols=(1024, 2048, 64), three_d=True, parameter=True, bias=True,
+              x_grad=True),
+    "b": dict(numel=(8 * 2**20, 12 * 2**20), cols=(1024, 2048, 64), three_d=False, parameter=False, bias=False,
+              x_grad=False),
+}
 MEM_OUT = 64
-MEM_SLACK = 2 * MiB  # allocator slack; a bool s keeps 12 to 15 MiB
+MEM_SLACK = 2 * MiB  # allocator slack; a bool s keeps 7 MiB or more beyond the bound
+MEM_DX_ROWS = 32  # rows of dx fetched (besides its sum)
 
 
-def _asa_measured_reference(rows, cols, seed, w_seed, weights, eps, lam, relu):
-    """float64: the output's weighted row sums, Σ dx and Σ dW for g = weights on every row, on the seeded x."""
-    w = seeded((MEM_OUT, cols), seed=w_seed).double()
-    x = seeded((rows, cols), seed=seed)
-    out = torch.empty(rows, dtype=torch.float64)
-    s_col = torch.zeros(cols, dtype=torch.float64)
-    wv = weights.double()
-    for a in range(0, rows, 1024):
-        block = x[a:a + 1024].double()
+def _asa_full_reference(x, w, b, g, eps, lam, relu):
+    """float64 y, dW and db of ASA on a large x, in blocks of rows."""
+    cols = x.shape[-1]
+    x2, g2 = x.reshape(-1, cols), g.reshape(-1, g.shape[-1]).double()
+    w64 = w.double()
+    y = torch.empty(x2.shape[0], w.shape[0], dtype=torch.float64)
+    dw = torch.zeros(w.shape, dtype=torch.float64)
+    for a in range(0, x2.shape[0], 2048):
+        block = x2[a:a + 2048].double()
         s = torch.where(block > 0, 1.0, 0.0 if relu else -1.0).double()
-        out[a:a + 1024] = (block + eps * s) @ w.t() @ wv
-        s_col += s.sum(0)
-    sum_dx = rows * (wv @ w).sum()
-    sum_dw = lam * eps * wv.sum() * s_col.sum()
-    return out, sum_dx, sum_dw
+        y[a:a + 2048] = (block + eps * s) @ w64.t()
+        dw += g2[a:a + 2048].t() @ s
+    if b is not None:
+        y += b.double()
+    return y.reshape(*x.shape[:-1], w.shape[0]), lam * eps * dw, g2.sum(0)
+
+
+def _asa_memory_case(nb, case: str) -> None:
+    spec = MEM_CASES[case]
+    meter = Meter(nb)  # first: everything the student's code holds is read from outside
+    cols = draw(*spec["cols"])
+    rows = draw(-(-spec["numel"][0] // cols), spec["numel"][1] // cols)
+    if spec["three_d"]:
+        lead = draw(2, 8)
+        rows -= rows % lead
+        shape = (lead, rows // lead, cols)
+    else:
+        shape = (rows, cols)
+    n = rows * cols
+    seed, w_seed, b_seed, g_seed = new_seed(), new_seed(), new_seed(), new_seed()
+    relu = bool(draw(0, 1))
+    eps, lam = (0.01, 100.0) if draw(0, 1) else (draw(1, 10) / 100, float(draw(2, 50)))
+    w = seeded((MEM_OUT, cols), seed=w_seed) / cols ** 0.5
+    b = seeded((MEM_OUT,), seed=b_seed) if spec["bias"] else None
+    if spec["parameter"]:
+        weight = meter.put(torch.nn.Parameter(w.clone()))
+        bias = None if b is None else meter.put(torch.nn.Parameter(b.clone()))
+    else:
+        weight, bias = meter.put(w.clone().requires_grad_()), None if b is None else meter.put(b.clone().requires_grad_())
+    # A first call on a small input of the same kind: lazily loaded code and caches, on the measured path.
+    small = nb.asa_linear(nb.put(torch.randn(2, 5, 8) if spec["three_d"] else torch.randn(5, 8)),
+                          nb.put(torch.nn.Parameter(torch.randn(3, 8)) if spec["parameter"]
+                                 else torch.randn(3, 8).requires_grad_()),
+                          nb.put(torch.randn(3)) if spec["bias"] else None, eps, lam, relu)
+    small.sum().backward()
+    del small
+    picked = torch.randperm(rows)[:MEM_DX_ROWS].sort().values
+
+    dx_rows = meter.put(torch.zeros(len(picked), cols))  # filled by a hook on x as backward passes
+
+    def call(x):
+        y = nb.asa_linear(x, weight, bias, eps, lam, relu)
+        if spec["x_grad"]:
+            nb.apply(probes.ch12_grad_rows, x, picked, dx_rows)
+        return y
+
+    held, y = meter.held_by(call, inputs=lambda: [meter.tensor(shape, seed=seed,
+                                                                          requires_grad=spec["x_grad"])])
+    args = f"{'an nn.Parameter' if spec['parameter'] else 'a plain tensor'} W ({MEM_OUT}, {cols}), " + \
+        ("an nn.Parameter bias" if spec["bias"] else "no bias")
+    where = (f"asa_linear(x, W, b, epsilon={eps}, lam={lam}, relu={relu}) on x {shape} made for the call "
+             f"({'requiring' if spec['x_grad'] else 'not requiring'} grad), {args}, held by the grader, sizes drawn "
+             "at grading time")
+    y_bytes = 4 * rows * MEM_OUT
+    bound = -(-n // 8) + y_bytes + MEM_SLACK
+    if held.kept > bound:
+        del y
+        raise AssertionError(
+            f"{where}: between forward and backward, with x released, your process kept {mib(held.kept)} (read from "
+            f"outside your process); the packed s is {mib(-(-n // 8))}, the output y {mib(y_bytes)} and x itself "
+            f"{mib(4 * n)}: at most {mib(bound)} may stay. {KEEP_HINT}")
+    x = seeded(shape, seed=seed)
+    g = seeded((*shape[:-1], MEM_OUT), seed=g_seed)  # drawn now, sent only after the forward ran
+    ref_y, ref_dw, ref_db = _asa_full_reference(x, w, b, g, eps, lam, relu)
+    got = fetch(y)
+    check_close(None if got is None else got.double(), ref_y, f"the output y of {where}", FORWARD_HINT,
+                atol=1e-3, rtol=1e-4)
+    grad = meter.tensor((*shape[:-1], MEM_OUT), requires_grad=False, seed=g_seed)
+    backward, _ = meter.held_by(lambda: y.backward(grad.tensor), allowed_growth=bound + 2 * MiB)
+    if not spec["x_grad"] and backward.peak >= 4 * n:
+        raise AssertionError(
+            f"{where}: while backward ran, your process grew by {mib(backward.peak)} (read from outside your "
+            f"process), as much as x itself ({mib(4 * n)}) or more: with x not requiring grad, backward allocates "
+            f"nothing of x's size. {NO_DX_HINT}; build the float s of dW in blocks of rows, not all at once")
+    check_close(fetch(weight.grad), ref_dw.float(), f"dW of {where}, for an output gradient drawn at grading time "
+                "and sent after the forward", DW_HINT + "; " + SIGN_HINT, atol=1e-2, rtol=1e-4)
+    if bias is not None:
+        check_close(fetch(bias.grad), ref_db.float(), f"db of {where}", DB_HINT, atol=1e-2, rtol=1e-4)
+    if spec["x_grad"]:
+        g2 = g.reshape(-1, MEM_OUT).double()
+        check_close(fetch(dx_rows), (g2[picked] @ w.double()).float(),
+                    f"dx at rows {picked.tolist()[:6]}... of {where}", DX_HINT, atol=1e-3, rtol=1e-4)
+        check_close(fetch(held.leaves[0].grad), (g2.sum(0) @ w.double()).sum().float(), f"the sum of dx for {where}",
+                    DX_HINT, atol=1e-1, rtol=1e-3)
 
 
 @hidden_test("test_asa_linear_memory")
 def check_asa_linear_memory(nb):
-    meter = Meter(nb)  # first: everything the student's code holds is read from outside
-    cols = draw(*MEM_COLS)
-    rows = draw(-(-MEM_LOW // cols), MEM_HIGH // cols)
-    seed, w_seed = new_seed(), new_seed()
-    relu = bool(draw(0, 1))
-    eps, lam = (0.01, 100.0) if draw(0, 1) else (draw(1, 10) / 100, float(draw(2, 50)))
-    weights = seeded((MEM_OUT,), seed=new_seed()).abs() + 0.5
-    # A first call on a small input: lazily loaded code and caches, on the measured path.
-    small = nb.asa_linear(nb.put(torch.randn(5, 8)), nb.put(torch.randn(3, 8).requires_grad_()), None, eps, lam, relu)
-    small.sum().backward()
-    del small
-    w_made = meter.tensor((MEM_OUT, cols), seed=w_seed)
-    held, out = meter.held_by(
-        lambda x, wts: nb.asa_linear(x, w_made.tensor, None, eps, lam, relu).mul(wts).sum(-1),
-        inputs=lambda: [meter.tensor((rows, cols), seed=seed), meter.put(weights)])
-    n = rows * cols
-    where = (f"asa_linear(x, W, None, epsilon={eps}, lam={lam}, relu={relu}) on x ({rows}, {cols}) made for the "
-             f"call, W ({MEM_OUT}, {cols}) held by the grader, sizes drawn at grading time")
-    bound = -(-n // 8) + 4 * rows + MEM_SLACK
-    if held.kept > bound:
-        del out
-        raise AssertionError(
-            f"{where}: between forward and backward, with x released, your process kept {mib(held.kept)} (read from "
-            f"outside your process); the packed s is {mib(-(-n // 8))} and x itself {mib(4 * n)}: at most "
-            f"{mib(bound)} may stay. {KEEP_HINT}")
-    ref_out, sum_dx, sum_dw = _asa_measured_reference(rows, cols, seed, w_seed, weights, eps, lam, relu)
-    got = fetch(out)
-    check_close(None if got is None else got.double(), ref_out, f"the output of {where}, each row summed with "
-                "weights drawn at grading time", FORWARD_HINT, atol=1e-3, rtol=1e-4)
-    out.sum().backward()
-    got_dx, got_dw = fetch(held.leaves[0].grad), fetch(w_made.leaf.grad)
-    check_close(got_dx, sum_dx.float(), f"the sum of dx for {where}", DX_HINT, atol=1e-2, rtol=1e-3)
-    check_close(got_dw, sum_dw.float(), f"the sum of dW for {where}", DW_HINT + "; " + SIGN_HINT,
-                atol=1e-2, rtol=1e-3)
+    _asa_memory_case(nb, "a")
+    _asa_memory_case(nb, "b")
 
 
 @hidden_test("test_asa_linear_edge_cases")
@@ -230,7 +308,7 @@ def check_asa_linear_edge_cases(nb):
     # x without grad: the weight's storage is freed after the forward pass; dW and db must still be right.
     for shape, kw, seed in (((9, 13), {}, 23), ((2, 3, 13), {"relu": True, "epsilon": 0.02, "lam": 9.0}, 24)):
         x, w, b, g = _asa_inputs(shape, 7, seed)
-        got, where = _asa_call(nb, x, w, b, g, kw, x_requires_grad=False, free_weight=True)
+        got, where = _asa_call(nb, x, w, b, g, kw, x_requires_grad=False, free_weight=True, parameter=seed == 24)
         where += ", x not requiring grad"
         if got.get("error"):
             raise AssertionError(f"{where}: backward read the weight ({got['error']['types'][0]}: "
@@ -240,7 +318,7 @@ def check_asa_linear_edge_cases(nb):
         _check(got["db"], ref["db"], "db", where, DB_HINT, {})
     # A frozen weight: dx and db.
     x, w, b, g = _asa_inputs((9, 13), 7, 25)
-    got, where = _asa_call(nb, x, w, b, g, {}, w_requires_grad=False)
+    got, where = _asa_call(nb, x, w, b, g, {}, w_requires_grad=False, parameter=True)
     where += ", W not requiring grad"
     if got.get("error"):
         raise AssertionError(f"{where}: backward raised {got['error']['types'][0]}: {got['error']['message']}")
@@ -270,32 +348,46 @@ ARA_KEEP_HINT = ("keep one tensor for all the fc1 weight gradients of the group:
                  "in every block's Function, no copy), not each block's own input x_i")
 
 
-def _blocks(n: int, d: int, h: int, seed: int, margin: bool = False) -> list:
-    """n grader blocks whose branches are large enough that x_i differs from x_0 clearly. ``margin``: fc1's
-    pre-activations stay far from 0 (a bias of ±4, ten standard deviations of the rest), so that float32 and the
-    judge's float64 agree on every ReLU over thousands of rows (a flipped unit would move a weight gradient by far
-    more than rounding does)."""
+def _block_params(n: int, d: int, h: int, seed: int) -> list:
+    """fc1/fc2 weights and biases of n blocks whose branches are large enough that x_i differs from x_0 clearly."""
     gen = _gen(seed)
+    return [{"fc1.weight": torch.randn(h, d, generator=gen) / d ** 0.5,
+             "fc1.bias": torch.randn(h, generator=gen) * 0.5,
+             "fc2.weight": torch.randn(d, h, generator=gen) / h ** 0.5,
+             "fc2.bias": torch.randn(d, generator=gen) * 0.5} for _ in range(n)]
+
+
+def _blocks(nb, params: list, container: str = "list"):
+    """The notebook's own ResidualMLPBlocks (its setup cell's class), made in the worker, ``params`` set in them: a
+    list of handles, or (``container="modulelist"``) an nn.ModuleList of them."""
     blocks = []
-    for _ in range(n):
-        block = probes.ch12_Block(d, h)
-        with torch.no_grad():
-            if margin:
-                block.fc1.weight.copy_(torch.randn(h, d, generator=gen) / (4 * d ** 0.5))
-                block.fc1.bias.copy_(torch.where(torch.rand(h, generator=gen) < 0.5, -4.0, 4.0))
-                block.fc2.weight.copy_(torch.randn(d, h, generator=gen) / (8 * h ** 0.5))
-            else:
-                block.fc1.weight.copy_(torch.randn(h, d, generator=gen) / d ** 0.5)
-                block.fc1.bias.copy_(torch.randn(h, generator=gen) * 0.5)
-                block.fc2.weight.copy_(torch.randn(d, h, generator=gen) / h ** 0.5)
-            block.fc2.bias.copy_(torch.randn(d, generator=gen) * 0.5)
+    for p in params:
+        h, d = p["fc1.weight"].shape
+        block = nb.ResidualMLPBlock(d, h)
+        nb.apply(probes.ch12_set_block, block, p)
         blocks.append(block)
-    return blocks
+    return nb.put(torch.nn.ModuleList)(blocks) if container == "modulelist" else blocks
 
 
-def _ara_ref(blocks, x, g, own_input=False):
+ARA_BAND = 1e-3  # fc1 pre-activations closer to 0 than this (float64) may flip a ReLU between float32 and float64
+
+
+def _stable_rows(params: list, x: torch.Tensor) -> torch.Tensor:
+    """True for the rows (leading dimensions flattened) whose fc1 pre-activations all stay ARA_BAND away from 0 in
+    float64: float32 takes the same ReLU decisions there. The output gradient is zero on the other rows, so that
+    every row's mask may differ and no weight gradient rests on a decision rounding could flip."""
+    h = x.double().reshape(-1, x.shape[-1])
+    stable = torch.ones(h.shape[0], dtype=torch.bool)
+    for p in params:
+        z = h @ p["fc1.weight"].double().t() + p["fc1.bias"].double()
+        stable &= (z.abs() > ARA_BAND).all(-1)
+        h = h + F.relu(z) @ p["fc2.weight"].double().t() + p["fc2.bias"].double()
+    return stable
+
+
+def _ara_ref(params, x, g, own_input=False):
     """float64 output, dx and every parameter gradient; fc1's weight gradient from x_0 (``own_input``: from x_i)."""
-    params = [{n: p.detach().double().clone().requires_grad_() for n, p in b.named_parameters()} for b in blocks]
+    params = [{n: t.detach().double().clone().requires_grad_() for n, t in p.items()} for p in params]
     x = x.detach().double().clone().requires_grad_()
     x0 = x.detach()
     h = x
@@ -316,23 +408,25 @@ def _ara_where(n, shape, d, h, extra=""):
 
 def _ara_values(nb, n, shape, h, seed, container="list", x_requires_grad=True, tol=TOL):
     d = shape[-1]
-    blocks = _blocks(n, d, h, seed)
+    params = _block_params(n, d, h, seed)
     gen = _gen(seed + 1000)
     x, g = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
-    where = _ara_where(n, shape, d, h, f", blocks as {'an nn.ModuleList' if container == 'modulelist' else 'a ' + container}"
+    g = g * _stable_rows(params, x).reshape(*shape[:-1], 1)
+    where = _ara_where(n, shape, d, h, f", the setup cell's ResidualMLPBlocks as "
+                       f"{'an nn.ModuleList' if container == 'modulelist' else 'a ' + container}"
                        + ("" if x_requires_grad else ", x not requiring grad"))
-    got = fetch(nb.apply(probes.ch12_ara_run, nb.ara_group, blocks, x, g, x_requires_grad, container))
+    got = fetch(nb.apply(probes.ch12_ara_run, nb.ara_group, _blocks(nb, params), x, g, x_requires_grad, container))
     if got["type"] != "Tensor":
         raise AssertionError(f"{where} returned {got['type']}: it returns the stream after the last block")
     if not got["attached"]:
         raise AssertionError(f"{where}: the output is not attached to the autograd graph")
-    ref = _ara_ref(blocks, x, g)
+    ref = _ara_ref(params, x, g)
     check_close(got["y"], ref["y"].float(), f"the output of {where}", ARA_FORWARD_HINT, **tol)
     if got.get("error"):
         raise AssertionError(f"{where}: backward raised {got['error']['types'][0]}: {got['error']['message']}")
     if x_requires_grad:
         _check(got["dx"], ref["dx"], "the gradient with respect to x", where, ARA_DX_HINT, {}, tol)
-    own = _ara_ref(blocks, x, g, own_input=True)
+    own = _ara_ref(params, x, g, own_input=True)
     for name, want in ref["grads"].items():
         mistakes = ({ARA_HINT: own["grads"][name], ARA_LAMBDA_HINT: 100 * want} if name.endswith("fc1.weight")
                     else {})
@@ -341,58 +435,95 @@ def _ara_values(nb, n, shape, h, seed, container="list", x_requires_grad=True, t
                mistakes, tol)
 
 
+ARA_LARGE = (10**4, 10**6)  # elements of x of the group drawn log-uniformly between the small cases and the memory cell
+
+
 @hidden_test("test_ara_group")
 def check_ara_group(nb):
-    for n, shape, h, seed in ((2, (7, 11), 5, 1), (3, (9, 13), 17, 2), (4, (2, 5, 8), 6, 3), (4, (33, 24), 48, 4)):
+    for n, shape, h, seed in ((2, (7, 11), 5, 1), (3, (9, 13), 17, 2), (4, (2, 5, 8), 6, 3), (4, (33, 24), 48, 4),
+                              (4, (50, 128), 64, 5)):  # the last: the notebook's residual MLP
         _ara_values(nb, n, shape, h, seed)
     n, rows, d, h = draw(2, 4), draw(2, 40), draw(5, 48), draw(5, 48)
     _ara_values(nb, n, (rows, d), h, new_seed(), tol=dict(atol=1e-3, rtol=1e-4))
+    # Between the small groups and the memory cell: x of 10^4 to 10^6 elements, drawn log-uniformly.
+    d = draw(32, 256)
+    rows = max(2, _log_uniform(*ARA_LARGE) // d)
+    shape = (rows, d) if draw(0, 1) else (2, -(-rows // 2), d)
+    _ara_values(nb, draw(2, 4), shape, draw(8, 64), new_seed(), tol=dict(atol=5e-3, rtol=1e-4))
 
 
 ARA_MEM_ROWS, ARA_MEM_D, ARA_MEM_H = 4096, (768, 1024, 64), 64
 ARA_MEM_SLACK = 4 * MiB  # allocator slack; a stored input per block keeps 2 to 3 more inputs of 12 to 16 MiB
+ARA_DX_ROWS = 32
 
 
-@hidden_test("test_ara_group_memory")
-def check_ara_group_memory(nb):
+def _ara_memory_case(nb, three_d: bool) -> None:
     meter = Meter(nb)
     n, d = draw(3, 4), draw(*ARA_MEM_D)
     rows, h = ARA_MEM_ROWS, ARA_MEM_H
-    block_seed, x_seed = new_seed(), new_seed()
+    shape = (2 ** draw(1, 4), 0, d) if three_d else (rows, d)
+    if three_d:
+        shape = (shape[0], rows // shape[0], d)
+    block_seed, x_seed, g_seed = new_seed(), new_seed(), new_seed()
     weights = seeded((d,), seed=new_seed()).abs() + 0.5
-    blocks = _blocks(n, d, h, block_seed, margin=True)
+    params = _block_params(n, d, h, block_seed)
     # A first call on a small input: lazily loaded code and caches, on the measured path.
-    small = nb.ara_group(nb.put(torch.nn.ModuleList(_blocks(2, 8, 4, 5))), nb.put(torch.randn(3, 8).requires_grad_()))
+    small_x = nb.put((torch.randn(2, 3, 8) if three_d else torch.randn(3, 8)).requires_grad_())
+    small = nb.ara_group(_blocks(nb, _block_params(2, 8, 4, 5), "modulelist"), small_x)
     small.sum().backward()
-    del small
-    group = meter.put(torch.nn.ModuleList(blocks))
-    held, out = meter.held_by(lambda x, wts: nb.ara_group(group, x).mul(wts).sum(-1),
-                              inputs=lambda: [meter.tensor((rows, d), seed=x_seed), meter.put(weights)])
+    del small, small_x
+    group = _blocks(nb, params, "modulelist")
+    meter.booked += sum(t.numel() * 4 for p in params for t in p.values())  # held by the grader, like a put
+    # The output gradient: a tensor the grader holds, its values written only after the forward ran.
+    grad = meter.tensor(shape, requires_grad=False)
+    picked = torch.randperm(rows)[:ARA_DX_ROWS].sort().values
+
+    dx_rows = meter.put(torch.zeros(len(picked), d))  # filled by a hook on x as backward passes
+
+    def call(x, wts):
+        y = nb.ara_group(group, x)
+        nb.apply(probes.ch12_grad_rows, x, picked, dx_rows)
+        return y.mul(wts).sum(-1), y.mul(grad.tensor).sum()
+
+    held, (out, loss) = meter.held_by(call, inputs=lambda: [meter.tensor(shape, seed=x_seed),
+                                                                      meter.put(weights)])
     x_bytes = 4 * rows * d
     bound = x_bytes + n * 4 * rows * h + 4 * rows + ARA_MEM_SLACK
-    where = (f"ara_group on {n} blocks (d={d}, h={h}), x ({rows}, {d}) made for the call, the blocks held by the "
-             "grader, sizes drawn at grading time")
+    where = (f"ara_group on {n} of the setup cell's ResidualMLPBlocks (d={d}, h={h}) in an nn.ModuleList, x {shape} "
+             "made for the call, the blocks held by the grader, sizes drawn at grading time")
     if held.kept > bound:
-        del out
+        del out, loss
         raise AssertionError(
             f"{where}: between forward and backward, with x released, your process kept {mib(held.kept)} (read from "
             f"outside your process); x_0 is {mib(x_bytes)} and the {n} ReLU outputs {mib(n * 4 * rows * h)}: at most "
             f"{mib(bound)} may stay. {ARA_KEEP_HINT}")
-    x = seeded((rows, d), seed=x_seed)
-    g = weights.expand(rows, d)
-    ref = _ara_ref(blocks, x, g)
+    x = seeded(shape, seed=x_seed)
+    stable = _stable_rows(params, x)
+    g = seeded(shape, seed=g_seed) * stable.reshape(*shape[:-1], 1)
+    nb.apply(probes.ch12_fill, grad.tensor, g_seed, stable)  # sent only now, after the forward
+    ref = _ara_ref(params, x, g)
     got = fetch(out)
     check_close(None if got is None else got.double(), ref["y"] @ weights.double(),
                 f"the output of {where}, each row summed with weights drawn at grading time", ARA_FORWARD_HINT,
                 atol=1e-2, rtol=1e-4)
-    out.sum().backward()
-    check_close(fetch(held.leaves[0].grad), ref["dx"].sum().float(), f"the sum of dx for {where}", ARA_DX_HINT,
+    loss.backward()
+    what = f"{where}, for an output gradient drawn at grading time and sent after the forward"
+    g_rows = ref["dx"].reshape(-1, d)
+    check_close(fetch(dx_rows), g_rows[picked].float(), f"dx at rows {picked.tolist()[:6]}... of {what}",
+                ARA_DX_HINT, atol=1e-3, rtol=1e-4)
+    check_close(fetch(held.leaves[0].grad), ref["dx"].sum().float(), f"the sum of dx for {what}", ARA_DX_HINT,
                 atol=1e-1, rtol=1e-3)
     grads = fetch(nb.apply(probes.ch12_grads, group))
     for i in range(n):
-        name = f"{i}.fc1.weight"
-        check_close(grads.get(name), ref["grads"][name].float(), f"the gradient of block {name} for {where}",
-                    ARA_HINT, atol=1e-2, rtol=1e-3)
+        for name, hint in ((f"{i}.fc1.weight", ARA_HINT), (f"{i}.fc1.bias", "fc1.bias's gradient is Σ g_i")):
+            check_close(grads.get(name), ref["grads"][name].float(), f"the gradient of block {name} for {what}",
+                        hint, atol=1e-2, rtol=1e-4)
+
+
+@hidden_test("test_ara_group_memory")
+def check_ara_group_memory(nb):
+    _ara_memory_case(nb, three_d=True)
+    _ara_memory_case(nb, three_d=False)
 
 
 @hidden_test("test_ara_group_edge_cases")
@@ -430,7 +561,9 @@ def _li_case(shape, dtype, seed):
 @hidden_test("test_learning_indicator")
 def check_learning_indicator(nb):
     cases = [((5, 7), torch.float32, 1), ((2, 3, 4), torch.float64, 2), ((6,), torch.float32, 3),
-             ((9, 1), torch.float64, 4), ((draw(1, 20), draw(1, 64)), torch.float32, new_seed())]
+             ((9, 1), torch.float64, 4), ((50, 128), torch.float32, 5), ((50, 256), torch.float32, 6),
+             ((draw(1, 20), draw(1, 64)), torch.float32, new_seed()),
+             ((draw(1, 64), draw(65, 512)), torch.float32, new_seed())]  # the notebook's d = 128 and 256, and up to 512
     for shape, dtype, seed in cases:
         x, a = _li_case(shape, dtype, seed)
         got = fetch(nb.learning_indicator(x, a))

@@ -1,27 +1,44 @@
-"""Probes of chapter 12 (AAL): one forward and backward of an ASA layer or an ARA group on leaf copies, the
-grader's own residual block (sent into the worker, loaded before any student code), and the gradients a module's
-parameters hold."""
+"""Probes of chapter 12 (AAL): one forward and backward of an ASA layer or an ARA group on leaf copies (the weight
+and bias as nn.Parameters or plain tensors), the setup cell's own ResidualMLPBlocks built in the worker with the
+judge's parameters, rows of an input's gradient caught on their way back, an output gradient written after the
+forward, and the gradients a module's parameters hold."""
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from grader.probes.shared import _true_named_parameters
 
 
-class ch12_Block(nn.Module):
-    """The setup cell's ResidualMLPBlock, as the grader builds it: x + fc2(relu(fc1(x)))."""
+def ch12_set_block(block: nn.Module, params: dict) -> None:
+    """Sets a block's parameters (the notebook's own ResidualMLPBlock, made in the worker) to the judge's
+    ``params``: {"fc1.weight": ..., "fc1.bias": ..., "fc2.weight": ..., "fc2.bias": ...}."""
+    with torch.no_grad():
+        for name, t in _true_named_parameters(block):
+            t.copy_(params[name])
 
-    def __init__(self, d: int, h: int):
-        super().__init__()
-        self.fc1 = nn.Linear(d, h)
-        self.fc2 = nn.Linear(h, d)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.fc2(F.relu(self.fc1(x)))
+def ch12_grad_rows(x: torch.Tensor, rows: torch.Tensor, out: torch.Tensor) -> None:
+    """Once backward runs through ``x`` (a non-leaf), ``out`` receives those rows of its gradient (leading
+    dimensions flattened). The hook holds the indices and ``out``, never x."""
+
+    def hook(grad):
+        out.copy_(grad.detach().reshape(-1, grad.shape[-1])[rows])
+
+    x.register_hook(hook)
+
+
+def ch12_fill(target: torch.Tensor, seed: int, row_mask: torch.Tensor | None = None) -> None:
+    """Writes standard-normal values drawn with ``seed`` into ``target`` (through .data: a tensor an autograd
+    graph already holds, as the output gradient of a forward that has run), rows zeroed where ``row_mask`` is
+    False."""
+    generator = torch.Generator().manual_seed(int(seed))
+    values = torch.randn(target.shape, generator=generator, dtype=target.dtype)
+    if row_mask is not None:
+        values = values * row_mask.reshape(*target.shape[:-1], 1).to(values.dtype)
+    target.data.copy_(values)
 
 
 def _ch12_error(e: BaseException) -> dict:
@@ -34,14 +51,19 @@ def _ch12_grad(t):
 
 def ch12_asa_run(fn: Callable, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  grad_out: torch.Tensor, kwargs: dict, x_requires_grad: bool = True, w_requires_grad: bool = True,
-                 free_weight: bool = False) -> dict:
+                 free_weight: bool = False, parameter: bool = False) -> dict:
     """``y = fn(x, weight, bias, **kwargs)`` on leaf copies (x and the weight requiring grad as asked, the bias
     always), then ``y.backward(grad_out)``; with ``free_weight`` the weight's storage is released (resized to 0
-    bytes) between forward and backward, so a backward that reads it raises. Reports "type", "attached", "y",
+    bytes) between forward and backward, so a backward that reads it raises. With ``parameter`` the weight and the
+    bias are nn.Parameters (as in an nn.Module), otherwise plain tensors. Reports "type", "attached", "y",
     "error" (what backward raised, or None) and the gradients "dx", "dW", "db" (None where none arrived)."""
     x = x.detach().clone().requires_grad_(x_requires_grad)
-    w = weight.detach().clone().requires_grad_(w_requires_grad)
-    b = None if bias is None else bias.detach().clone().requires_grad_(True)
+    if parameter:
+        w = nn.Parameter(weight.detach().clone(), requires_grad=w_requires_grad)
+        b = None if bias is None else nn.Parameter(bias.detach().clone())
+    else:
+        w = weight.detach().clone().requires_grad_(w_requires_grad)
+        b = None if bias is None else bias.detach().clone().requires_grad_(True)
     y = fn(x, w, b, **kwargs)
     if not isinstance(y, torch.Tensor):
         return {"type": type(y).__name__, "attached": False, "y": None}
