@@ -1,6 +1,7 @@
 """Second correct answers for ch12_aal, written from the released notebook alone: ASA through einsum on flattened
-rows, slice by slice, with the sign rebuilt by arithmetic on the unpacked bits, ARA as a zero-valued term that routes fc1's weight
-gradient through x_0 (plain autograd, no custom Function), and the indicator in its Σ a(2x̃ − a) form."""
+rows, slice by slice, with the sign rebuilt by arithmetic on the unpacked bits; ARA as a zero-valued term that
+routes fc1's weight gradient through x_0 (plain autograd, no custom Function), refusing anything but the setup
+cell's ResidualMLPBlock as its docstring allows; and the indicator in its Σ a(2x̃ − a) form."""
 
 SECOND = {
     ("ch12_aal", "asa_linear"): '''
@@ -56,6 +57,8 @@ def ara_group(blocks, x):
     blocks = [b for b in blocks]
     if len(blocks) == 0:
         raise ValueError("empty group of blocks")
+    if not all(isinstance(b, ResidualMLPBlock) for b in blocks):  # "a non-empty sequence of ResidualMLPBlock"
+        raise TypeError("ara_group takes the setup cell's ResidualMLPBlocks")
     anchor = x.detach()  # x_0, the same storage as x
     stream = x
     for blk in blocks:

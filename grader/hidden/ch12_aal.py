@@ -272,7 +272,10 @@ def _asa_memory_case(nb, case: str) -> None:
     check_close(None if got is None else got.double(), ref_y, f"the output y of {where}", FORWARD_HINT,
                 atol=1e-3, rtol=1e-4)
     grad = meter.tensor((*shape[:-1], MEM_OUT), requires_grad=False, seed=g_seed)
-    backward, _ = meter.held_by(lambda: y.backward(grad.tensor), allowed_growth=bound + 2 * MiB)
+    if spec["x_grad"]:
+        y.backward(grad.tensor)
+    else:
+        backward, _ = meter.held_by(lambda: y.backward(grad.tensor), allowed_growth=bound + 2 * MiB)
     if not spec["x_grad"] and backward.peak >= 4 * n:
         raise AssertionError(
             f"{where}: while backward ran, your process grew by {mib(backward.peak)} (read from outside your "
@@ -372,34 +375,40 @@ def _blocks(nb, params: list, container: str = "list"):
 ARA_BAND = 1e-3  # fc1 pre-activations closer to 0 than this (float64) may flip a ReLU between float32 and float64
 
 
-def _stable_rows(params: list, x: torch.Tensor) -> torch.Tensor:
-    """True for the rows (leading dimensions flattened) whose fc1 pre-activations all stay ARA_BAND away from 0 in
-    float64: float32 takes the same ReLU decisions there. The output gradient is zero on the other rows, so that
+def _ara_forward(params: list, x: torch.Tensor) -> dict:
+    """float64 forward of the group on rows (leading dimensions flattened): every block's input h_i and
+    pre-activation z_i, the output, and "stable": True for the rows whose fc1 pre-activations all stay ARA_BAND away
+    from 0 (float32 takes the same ReLU decisions there). The output gradient is zero on the other rows, so that
     every row's mask may differ and no weight gradient rests on a decision rounding could flip."""
     h = x.double().reshape(-1, x.shape[-1])
     stable = torch.ones(h.shape[0], dtype=torch.bool)
+    hs, zs = [], []
     for p in params:
-        z = h @ p["fc1.weight"].double().t() + p["fc1.bias"].double()
+        z = torch.addmm(p["fc1.bias"].double(), h, p["fc1.weight"].double().t())
         stable &= (z.abs() > ARA_BAND).all(-1)
-        h = h + F.relu(z) @ p["fc2.weight"].double().t() + p["fc2.bias"].double()
-    return stable
+        hs.append(h)
+        zs.append(z)
+        h = h + torch.addmm(p["fc2.bias"].double(), F.relu(z), p["fc2.weight"].double().t())
+    return {"hs": hs, "zs": zs, "y": h.reshape(x.shape), "stable": stable}
 
 
-def _ara_ref(params, x, g, own_input=False):
-    """float64 output, dx and every parameter gradient; fc1's weight gradient from x_0 (``own_input``: from x_i)."""
-    params = [{n: t.detach().double().clone().requires_grad_() for n, t in p.items()} for p in params]
-    x = x.detach().double().clone().requires_grad_()
-    x0 = x.detach()
-    h = x
-    for p in params:
-        w1 = p["fc1.weight"]
-        aux = h.detach() if own_input else x0
-        # value: h W1ᵀ + b1; W1's gradient through aux only, h's gradient through the detached W1 only
-        z = h @ w1.detach().t() + (aux @ w1.t() - (aux @ w1.t()).detach()) + p["fc1.bias"]
-        h = h + F.relu(z) @ p["fc2.weight"].t() + p["fc2.bias"]
-    h.backward(g.double())
-    grads = {f"{i}.{n}": t.grad for i, p in enumerate(params) for n, t in p.items()}
-    return {"y": h.detach(), "dx": x.grad, "grads": grads}
+def _ara_ref(params, x, g, own_input=False, forward=None):
+    """float64 output, dx and every parameter gradient, written out by hand (backprop's chain rule on rows); fc1's
+    weight gradient from x_0 (``own_input``: from x_i)."""
+    forward = forward or _ara_forward(params, x)
+    hs, zs = forward["hs"], forward["zs"]
+    gh = g.double().reshape(-1, g.shape[-1])
+    grads = {}
+    for i in reversed(range(len(params))):
+        p, z = params[i], zs[i]
+        r = F.relu(z)
+        grads[f"{i}.fc2.weight"], grads[f"{i}.fc2.bias"] = gh.t() @ r, gh.sum(0)
+        gz = (gh @ p["fc2.weight"].double()) * (z > 0)
+        grads[f"{i}.fc1.weight"] = gz.t() @ (hs[i] if own_input else hs[0])
+        grads[f"{i}.fc1.bias"] = gz.sum(0)
+        gh = gh + gz @ p["fc1.weight"].double()
+    grads = {f"{i}.{n}": grads[f"{i}.{n}"] for i in range(len(params)) for n in params[i]}
+    return {"y": forward["y"], "dx": gh.reshape(x.shape), "grads": grads}
 
 
 def _ara_where(n, shape, d, h, extra=""):
@@ -411,7 +420,8 @@ def _ara_values(nb, n, shape, h, seed, container="list", x_requires_grad=True, t
     params = _block_params(n, d, h, seed)
     gen = _gen(seed + 1000)
     x, g = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
-    g = g * _stable_rows(params, x).reshape(*shape[:-1], 1)
+    forward = _ara_forward(params, x)
+    g = g * forward["stable"].reshape(*shape[:-1], 1)
     where = _ara_where(n, shape, d, h, f", the setup cell's ResidualMLPBlocks as "
                        f"{'an nn.ModuleList' if container == 'modulelist' else 'a ' + container}"
                        + ("" if x_requires_grad else ", x not requiring grad"))
@@ -420,13 +430,13 @@ def _ara_values(nb, n, shape, h, seed, container="list", x_requires_grad=True, t
         raise AssertionError(f"{where} returned {got['type']}: it returns the stream after the last block")
     if not got["attached"]:
         raise AssertionError(f"{where}: the output is not attached to the autograd graph")
-    ref = _ara_ref(params, x, g)
+    ref = _ara_ref(params, x, g, forward=forward)
     check_close(got["y"], ref["y"].float(), f"the output of {where}", ARA_FORWARD_HINT, **tol)
     if got.get("error"):
         raise AssertionError(f"{where}: backward raised {got['error']['types'][0]}: {got['error']['message']}")
     if x_requires_grad:
         _check(got["dx"], ref["dx"], "the gradient with respect to x", where, ARA_DX_HINT, {}, tol)
-    own = _ara_ref(params, x, g, own_input=True)
+    own = _ara_ref(params, x, g, own_input=True, forward=forward)
     for name, want in ref["grads"].items():
         mistakes = ({ARA_HINT: own["grads"][name], ARA_LAMBDA_HINT: 100 * want} if name.endswith("fc1.weight")
                     else {})
@@ -498,10 +508,11 @@ def _ara_memory_case(nb, three_d: bool) -> None:
             f"outside your process); x_0 is {mib(x_bytes)} and the {n} ReLU outputs {mib(n * 4 * rows * h)}: at most "
             f"{mib(bound)} may stay. {ARA_KEEP_HINT}")
     x = seeded(shape, seed=x_seed)
-    stable = _stable_rows(params, x)
+    forward = _ara_forward(params, x)
+    stable = forward["stable"]
     g = seeded(shape, seed=g_seed) * stable.reshape(*shape[:-1], 1)
     nb.apply(probes.ch12_fill, grad.tensor, g_seed, stable)  # sent only now, after the forward
-    ref = _ara_ref(params, x, g)
+    ref = _ara_ref(params, x, g, forward=forward)
     got = fetch(out)
     check_close(None if got is None else got.double(), ref["y"] @ weights.double(),
                 f"the output of {where}, each row summed with weights drawn at grading time", ARA_FORWARD_HINT,
