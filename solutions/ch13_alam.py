@@ -26,9 +26,10 @@
 #       - 'Measure it: AQ against 1 bit'
 #       - 'the mean of many, at 1 bit, at 2 bits'
 #       - 'AQ''s single copy beats 1 bit'
-#       - 'packs of one tensor at 2 bits'
+#       - 'the mean of 100 packs at 2 bits'
 #       - 'runs under the hooks at 8 bits within 5%'
-#       - 'grading time, packed at 2 bits'
+#       - 'Memory, at 2 bits and at'
+#       - 'elements at 2 bits and 12'
 #       - 'compressed bytes plus 1 MiB'
 #       - '" at 8 bits'
 #       - '"a precision of 3 bits'
@@ -196,8 +197,8 @@ def group_quantize(x, bits, noise, group_size=128):
 
     Graded on, one cell per property: values: every bits at group sizes 128, 32 and the smallest, 8 / bits, on
     shapes (37, 53), (3, 5, 7), (256,), (2, 1, 130), a float64 and a bfloat16 input, one shape (2-D, up to
-    64 × 64) with values drawn at grading time, constant groups (finite, no NaN), a single element and one
-    partial group, against the layout above (codes exactly, except within 1e-3 of an integer; mins and scales
+    64 × 64) with values drawn at grading time, one flat tensor of 2^20 to 2^21 elements (size and bits drawn
+    at grading time), constant groups (finite, no NaN), a single element and one partial group, against the layout above (codes exactly, except within 1e-3 of an integer; mins and scales
     to float32 rounding; dtypes and shapes); errors: the ValueErrors above. Each graded cell may use 60 s and
     4 GiB.
     """
@@ -384,8 +385,9 @@ def average_quantize(x, noise, average=4, group_size=128):
         ValueError: noise not of shape (M,); average not a positive int (and group_quantize's own errors).
 
     Graded on, one cell per property: values on shapes (37, 53), (3, 5, 7), (2, 6), (4, 128), a float64 input
-    and one shape (2-D, up to 64 × 64) with values drawn at grading time, at average 4 and 3 and group sizes
-    128 and 32, against the definition (codes exactly, except within 1e-3 of an integer; mins and scales to
+    and one shape (2-D, up to 64 × 64) with values drawn at grading time, one flat tensor of 2^20 to 2^21
+    elements with a remainder (n % 4 != 0, drawn at grading time), at average 4 and 3 and group sizes 128
+    and 32, against the definition (codes exactly, except within 1e-3 of an integer; mins and scales to
     float32 rounding); errors: the ValueErrors above. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
@@ -582,8 +584,11 @@ def compress_hooks(bits_per_tensor, seed=0):
         step of a model that saves len(bits_per_tensor) such tensors per forward. At b = 32 pack returns t
         itself. At b in {1, 2, 4, 8} it calls group_quantize(t, b, noise, 128), at 0.5
         average_quantize(t, noise) (average 4, groups of 128), with noise = torch.rand(shape, generator=g)
-        drawn from the pair's generator (shape t's, or (M,) for AQ), and returns a tuple of the three tensors
-        codes, mins, scales and plain Python values (shape, dtype, b, ...): no other tensor.
+        drawn from the pair's generator (shape t's, or (M,) for AQ; the pair draws nothing from torch's
+        global generator), and returns a tuple of the three tensors codes, mins, scales and plain Python
+        values (shape, dtype, b, ...): no other tensor. Tuples, lists and dicts may nest; the plain values
+        are int, float, str, bool, None, torch.dtype and torch.Size; each tensor's storage is exactly its
+        size (not a view into a larger storage). Any other object in the packed value fails the cell.
         unpack(packed): the tensor pack was given (as is) or the dequantized one, with t's shape and dtype.
 
     Raises:
@@ -592,16 +597,21 @@ def compress_hooks(bits_per_tensor, seed=0):
     Graded on, one cell per property. Values: pack on sequences of tensors (shapes (37, 53), (3, 5, 7),
     (300,), float32 and float64, requiring grad, with parameters, views of parameters (``weight.t()``), int
     tensors and tensors that do not require grad among them) at bits_per_tensor (8, 4, 2, 1, 0.5, 32) and
-    going round it twice: the bytes of the tensors each packed value holds (codes + mins + scales, exactly
-    ``compressed_bits / 8``), parameters and the rest returned as the very object, unpack's dtype and
-    shape, every element within one step (1 / scale) of the tensor (of its run's mean for AQ), the mean of
-    100 packs of one tensor at 2 bits close to it (stochastic rounding), two pairs with the same seed
-    agreeing; the gradients of a small model whose forward runs under the hooks at 8 bits within 5% of
-    the exact ones. Memory: one float32 tensor that requires grad, of 12 × 2^20 to 15 × 2^20 elements drawn
-    at grading time, packed at 2 bits: while the packed value lives (the tensor released), the process
-    may hold at most its compressed bytes plus 1 MiB more than before (read from outside it), and unpack
-    gives back its values at entries drawn at grading time. Errors: the ValueErrors above. Each graded cell
-    may use 60 s and 4 GiB.
+    going round it twice: the bytes of the storages of the tensors each packed value holds (codes + mins +
+    scales, exactly ``compressed_bits / 8``), parameters and the rest returned as the very object, unpack's
+    dtype and shape, every element within one step (1 / scale) of the tensor (of its run's mean for AQ), the
+    mean of 100 packs at 2 bits close to the tensor (shape (4, 64) and one flat size of 8192 to 32768
+    elements drawn at grading time: stochastic rounding), two pairs with the same seed packing in turns and
+    agreeing, torch's global generator unchanged by making pairs and packing; the gradients of a small
+    model whose forward runs under the hooks at 8 bits within 5% of the exact ones. Memory, at 2 bits and at
+    one precision drawn at grading time from 8, 4, 1 and 0.5: one float32 tensor that requires grad, of
+    28 × 2^20 to 32 × 2^20 elements at 2 bits and 12 × 2^20 to 15 × 2^20 at the other, sizes drawn at
+    grading time, packed as a pair's second compressed tensor
+    (after one of shape (5, 300)): while the packed value lives (the tensor released), the process may hold
+    at most its compressed bytes plus 1 MiB more than before (read from outside it), and unpack gives back,
+    at 2048 entries drawn at grading time, the dequantized values of that pack with the pair's noise (q /
+    scale + min to float32 rounding; a code may differ by one only within 1e-3 of a rounding boundary).
+    Errors: the ValueErrors above. Each graded cell may use 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if isinstance(bits_per_tensor, (str, bytes)) or len(bits_per_tensor) == 0:
@@ -1074,7 +1084,7 @@ slider_plot(draw, figsize=(8, 3), budget_index=(0, len(SLIDER_BUDGETS) - 1))
 # The result must equal `average_quantize(x, noise)` (codes exactly, except within 1e-3 of an integer;
 # mins and scales to float32 rounding). The kernel does the work: the call launches it, its loads and
 # stores stay inside the tensors passed to it, and around the launch PyTorch may only allocate, view or
-# copy tensors.
+# copy tensors; every element of codes, mins and scales is written by the kernel's stores.
 
 # %% exercise="average_quantize_triton"
 def average_quantize_triton(x, noise):
@@ -1090,7 +1100,8 @@ def average_quantize_triton(x, noise):
     Graded on: (37, 53), (3, 5, 7), (2, 6) and one n between 300 and 1200 drawn at grading time, in Triton's
     interpreter: values against the definition; the call launches the kernel, every lane a load or store
     leaves on addresses an element of the tensor it belongs to, and PyTorch does nothing around the launch
-    but allocate, view or copy tensors (empty, zeros, view, reshape, contiguous, clone, to, detach).
+    but allocate, view or copy tensors (empty, zeros, view, reshape, contiguous, clone, to, detach); every
+    element of codes, mins and scales is written by the kernel's stores (into tensors passed to it).
     average_quantize and the other exercises, NumPy and the course's kernels are refused. Each graded cell
     may use 60 s and 4 GiB.
     """
