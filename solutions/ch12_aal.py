@@ -122,8 +122,7 @@ def asa_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
           db = Σ g over every row.
         A gradient whose input does not require grad is None and not computed: with x not requiring grad,
         dx is not computed (checked by freeing the weight's storage between forward and backward: only dx
-        reads it), and backward allocates nothing of x's size (dx would be as large as x; so would a float
-        s of all of x at once: build it in blocks of rows).
+        reads it).
         The forward keeps for backward only s, packed at 1 bit per element (pack_mask_torch of the bool
         tensor x > 0: ceil(n / 8) bytes for n elements of x), plus the weight itself: nothing of x, no
         bool or float copy of s.
@@ -145,8 +144,7 @@ def asa_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     x 3-D (2 to 8, rows, in_features) of 12 × 2^20 to 15 × 2^20 elements requiring grad; (b) a plain weight,
     no bias, x 2-D of 8 × 2^20 to 12 × 2^20 elements not requiring grad. Kept: at most the packed s, the
     output y and 2 MiB. The output gradient is drawn and sent only after the forward; y, the whole dW, db,
-    and dx (rows of it) of that very call are checked; in (b), backward's peak, read from outside, stays
-    below x's size. Each graded cell runs within 60 s and 4 GiB.
+    and dx (rows of it) of that very call are checked. Each graded cell runs within 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
     if x.shape[-1:] != weight.shape[1:]:
@@ -173,15 +171,10 @@ def asa_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             if need_x:
                 dx = (rows @ weight).reshape(ctx.x_shape)  # exact: s plays no part
             if need_w:
-                n_in, n_rows = ctx.x_shape[-1], rows.shape[0]
-                dw = rows.new_zeros(rows.shape[1], n_in)
-                for a in range(0, n_rows, 1024):  # s in blocks of rows: nothing of x's size at once
-                    b = min(a + 1024, n_rows)  # a * n_in is a multiple of 8: a whole byte of the packing
-                    positive = unpack_mask_torch(packed[a * n_in // 8:-(-b * n_in // 8)], (b - a) * n_in)
-                    positive = positive.view(b - a, n_in)
-                    s = positive.to(g.dtype) if relu else torch.where(positive, 1.0, -1.0).to(g.dtype)
-                    dw += rows[a:b].t() @ s
-                dw *= lam * epsilon  # (out, in)
+                n_in = ctx.x_shape[-1]
+                positive = unpack_mask_torch(packed, rows.shape[0] * n_in).view(-1, n_in)
+                s = positive.to(g.dtype) if relu else torch.where(positive, 1.0, -1.0).to(g.dtype)
+                dw = (lam * epsilon) * (rows.t() @ s)  # (out, in)
             if need_b:
                 db = rows.sum(0)
             return dx, dw, db
