@@ -1,7 +1,7 @@
 """Hidden tests of chapter 13 (ALAM), one graded cell per property.
 
 ``group_quantize`` (``test_group_quantize``) is compared with the judge's own float32 implementation of the
-layout the docstring fixes, on fixed shapes, all four precisions, group sizes 128, 32 and 8 / bits, float64
+layout the docstring fixes, on fixed shapes, one flat tensor of 2^20 to 2^21 elements drawn at grading time, all four precisions, group sizes 128, 32 and 8 / bits, float64
 and bfloat16 inputs and one 2-D shape (up to 64 × 64) drawn at grading time: codes position by position
 (exactly, except where the judge's (x - min) * scale + u lies within 1e-3 of an integer, where a float
 rounding may move it by one), padding codes 0, mins and scales to float32 rounding, dtypes and shapes. A
@@ -11,27 +11,32 @@ single element and one partial group are among the cases. ``_errors``: the Value
 ``group_dequantize`` gets the judge's codes and is compared with q / scale + min.
 
 ``average_quantize`` is compared with the judge's means (a remainder's own mean) quantized by the judge's
-layout, with the same allowance; averaging across the wrong axis (columns) or dropping the remainder is
+layout, with the same allowance, on fixed shapes and a drawn one of 2^20 to 2^21 elements with a remainder; averaging across the wrong axis (columns) or dropping the remainder is
 named. ``average_dequantize`` gets the judge's codes. ``compressed_bits`` is exact integer arithmetic.
 
 ``compress_hooks`` (``test_compress_hooks``): the judge drives the student's pack and unpack in the worker
 with ``probes.ch13_pack_run`` (which only calls them and reports what came back: whether pack returned the
-very object, the tensors inside what it returned, unpack's result); the judge counts the bytes of those
-tensors (they must be exactly ``compressed_bits / 8``), checks every dequantized element within one step of
-the tensor (the mean of its run for AQ), the mean of 100 packs at 2 bits (stochastic rounding), two pairs of
-one seed agreeing, and the gradients of a small model run under the hooks at 8 bits (``probes.ch13_hooked_
-grads``) within 5% of its own. ``test_compress_hooks_memory`` is decided from outside the process
-(``grader.resources.Meter``): one pack at 2 bits of a float32 tensor of 12 × 2^20 to 15 × 2^20 elements drawn
-at grading time (48 to 60 MiB), the tensor released: the process may keep the compressed bytes plus 1 MiB;
-a pack that also keeps the float tensor (a cache, a closure) keeps at least 44 MiB more, far beyond what
-ballast can hide (5 MiB). Unpack of that very value is compared at entries drawn at grading time.
+very object, the tensors inside what it returned with the real sizes of their storages, the first object in
+it that is neither a tuple, list or dict, a plain tensor nor a plain value, unpack's result); the judge
+refuses any such object, counts the storages' bytes (they must be exactly ``compressed_bits / 8``), checks
+every dequantized element within one step of the tensor (the mean of its run for AQ), the mean of 100 packs at
+2 bits on (4, 64) and on a drawn size (stochastic rounding), two pairs of one seed packing in turns and
+agreeing with torch's global generator untouched (``probes.ch13_same_seed``), and the gradients of a small
+model run under the hooks at 8 bits (``probes.ch13_hooked_grads``) within 5% of its own.
+``test_compress_hooks_memory`` is decided from outside the process (``grader.resources.Meter``, one per
+measured call): a pack at 2 bits of a float32 tensor of 28 × 2^20 to 32 × 2^20 elements and one at a precision
+drawn from 8, 4, 1, AQ of 12 × 2^20 to 15 × 2^20, sizes drawn at grading time, the tensor released: the
+process may keep the compressed bytes plus 1 MiB (4-bit codes posing as 2-bit keep n / 4 = 7 MiB or more, past
+the 1 MiB slack plus the 5 MiB ballast could hide). Unpack of that very value is compared at 2048 entries
+drawn at grading time with the judge's quantization under the pair's noise.
 
 ``gradnormvar`` and ``allocate_bits`` are pure: exact comparisons with the judge's own, on tables made to
 tell the wrong answers apart and on tables drawn at grading time (without near-ties).
 
 ``average_quantize_triton`` runs under ``probes.ch10_triton_run`` (every access of Triton's interpreter
 checked, the operators around the launch traced): values as ``average_quantize``'s, at least one launch,
-no lane outside its tensor, only allocation, view and copy operators besides the launch.
+no lane outside its tensor, only allocation, view and copy operators besides the launch, and every element of
+codes, mins and scales (one of them per call, ``probes.ch13_triton_part``) written by the kernel's stores.
 """
 from __future__ import annotations
 
@@ -492,10 +497,6 @@ def check_compress_hooks(nb):
             raise AssertionError(f"a model run under compress_hooks([8]): the gradient of {name} is more than 5% "
                                  "from the exact one: at 8 bits the dequantized activations are close to the saved "
                                  "ones (and parameters are not compressed)")
-
-
-def _mem_call(pack, t):
-    return pack(t)
 
 
 def _noise_after_warmup(seed: int, bits, n: int) -> torch.Tensor:
