@@ -114,30 +114,25 @@ def make_asa(no_eps=False, torch_sign=False, ignore_relu=False, no_lam=False, no
                 rows = g.reshape(-1, g.shape[-1])
                 n_rows = rows.shape[0]
 
-                def s_rows(a, b):  # s of rows a to b (a a multiple of 8): never all of x at once
+                def s_all():  # s of every row, rebuilt from what the forward kept
                     if keep_kind == "packed":
-                        positive = unpack_mask_torch(keep[a * n_in // 8:-(-b * n_in // 8)], (b - a) * n_in)
+                        positive = unpack_mask_torch(keep, n_rows * n_in)
                     else:
-                        positive = keep.reshape(-1, n_in)[a:b] > 0
-                    return torch.where(positive.view(b - a, n_in), 1.0, 0.0 if use_relu else -1.0)
+                        positive = keep.reshape(-1) > 0
+                    return torch.where(positive.view(n_rows, n_in), 1.0, 0.0 if use_relu else -1.0)
 
                 dx = dw = db = None
                 if ctx.needs_input_grad[0] or always_dx:
                     dx = (g @ w)
                     if dx_from_s:
-                        dx = dx * torch.cat([s_rows(a, min(a + 1024, n_rows)) for a in range(0, n_rows, 1024)]
-                                            ).reshape(dx.shape)
+                        dx = dx * s_all().reshape(dx.shape)
                 if ctx.needs_input_grad[1]:
                     scale = (1.0 if no_lam else lam) * (1.0 if no_eps_dw else epsilon)
                     if sketch:
                         dw = scale * torch.outer(rows.sum(0) / n_rows, (keep / n_in).expand(n_in))
                     else:
-                        dw = rows.new_zeros(rows.shape[1], n_in)
-                        for a in range(0, n_rows, 1024):
-                            b_ = min(a + 1024, n_rows)
-                            aux = x_kept.reshape(-1, n_in)[a:b_] if dw_from_x else s_rows(a, b_)
-                            dw += rows[a:b_].t() @ aux
-                        dw = scale * dw
+                        aux = x_kept.reshape(-1, n_in) if dw_from_x else s_all()
+                        dw = scale * (rows.t() @ aux)
                 if ctx.needs_input_grad[2]:
                     db = rows.mean(0) if db_first_dim else rows.sum(0)
                 return dx, dw, db
