@@ -263,7 +263,7 @@ from IPython.display import Markdown, display
 from sklearn.datasets import load_digits
 from tqdm.auto import tqdm
 
-from coursekit import fast
+from coursekit import fast, measure
 from coursekit.report import literature_table, paired_bars
 from coursekit.timing import compare, time_it
 from coursekit.widgets import slider_plot
@@ -740,7 +740,7 @@ print(f"ASA on layer 2 (trained, ε = 0.01): LI from {li_asa.min():.4f} to {li_a
 # Which Linears of the MLP take ASA? Every choice is trained once (seed 0) beforehand; the slider only
 # redraws: test accuracy, and the bytes each Linear keeps for its weight gradient.
 
-# %% tags=["demo"]
+# %%
 CHOICES = {"none": (), "layer 2": (2,), "layer 3": (3,), "layers 2-3": (2, 3), "layers 1-3": (1, 2, 3)}
 choice_acc, choice_bytes = {}, {}
 for label, asa in tqdm(CHOICES.items(), desc="ASA choices"):
@@ -753,7 +753,7 @@ for label, asa in tqdm(CHOICES.items(), desc="ASA choices"):
     choice_bytes[label] = [BATCH * n_in // 8 if i in asa else 4 * BATCH * n_in
                            for i, n_in in ((1, 64), (2, 256), (3, 256))]
 
-
+# %% tags=["demo"]
 def draw_choice(axes, layers="layers 2-3"):
     ax_acc, ax_bytes = axes
     names = list(CHOICES)
