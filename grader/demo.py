@@ -18,6 +18,7 @@ extensions, so it works offline), and an index page that lists the chapters.
 from __future__ import annotations
 
 import ast
+import builtins
 import html
 import os
 import re
@@ -234,6 +235,30 @@ def needed_cells(sources: list[str], keep: list[bool]) -> list[bool | str]:
     return result
 
 
+# Names a notebook's code may read without binding them: builtins and what IPython provides.
+_PROVIDED = set(dir(builtins)) | {"display", "get_ipython", "In", "Out", "exit", "quit"}
+
+
+def unbound_names(sources: list[str]) -> set[str]:
+    """Global names the cells read (function bodies included) that none of them binds.
+
+    A dashboard runs a slice of its chapter; a name bound only in a cell it leaves out (a
+    graded test cell, say) would fail there with a NameError, so ``dashboard`` refuses it."""
+    functions: dict[str, set[str]] = {}
+    reads, bound = set(), set()
+    for src in sources:
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        e = _Effects(functions, set())
+        e.visit(tree)
+        functions.update(e.defined)
+        reads |= e.reads
+        bound |= e.bound | e.writes | e.imported | e.globals
+    return reads - bound - _PROVIDED
+
+
 def dashboard(chapter: str) -> nbformat.NotebookNode | None:
     """The dashboard notebook of ``chapter``, or None if it has no demo cell."""
     src = read_source(chapter, demo_tags=True)
@@ -263,6 +288,11 @@ def dashboard(chapter: str) -> nbformat.NotebookNode | None:
         if intro is not None:
             cells.append(v4.new_markdown_cell(intro))
         cells.append(v4.new_code_cell(cell.source, metadata={"tags": ["demo"]}))
+    missing = unbound_names([c.source for c in cells if c.cell_type == "code"])
+    if missing:
+        raise ValueError(
+            f"{chapter}: the dashboard reads {', '.join(sorted(missing))}, bound only in cells it does not run "
+            "(graded test cells never run in a dashboard): bind it in a cell before the demo")
     nb = v4.new_notebook(cells=cells, metadata={
         "kernelspec": src.metadata["kernelspec"], "language_info": src.metadata["language_info"],
         "course": {"chapter": chapter, "title": title, "summary": summary,

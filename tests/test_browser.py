@@ -533,9 +533,16 @@ def _check_dashboard(page, chapter) -> dict[str, float]:
     _wait_for_render(page)
     n_demos = sum(1 for c in read_source(chapter, demo_tags=True).cells if c.cell_type == "code" and is_demo(c))
     demos = page.locator(".celltag_demo")
+    # Every demo's plot, or an error shown (a hidden cell's error is shown too): a dashboard
+    # that failed says so at once rather than after DASHBOARD_S.
     page.wait_for_function(
-        "n => Array.from(document.querySelectorAll('.celltag_demo')).filter(d => d.querySelector('.widget-output img')).length >= n",
-        arg=n_demos, timeout=DASHBOARD_S * 1000, polling=200)
+        """([n, pattern]) => Array.from(document.querySelectorAll('.celltag_demo'))
+               .filter(d => d.querySelector('.widget-output img')).length >= n
+             || Array.from(document.querySelectorAll("[data-mime-type='application/vnd.jupyter.stderr']"))
+                  .some(o => new RegExp(pattern).test(o.innerText))""",
+        arg=[n_demos, ERROR_TEXT.pattern], timeout=DASHBOARD_S * 1000, polling=200)
+    shown = _error_texts(page)
+    assert not shown, f"the dashboard shows an error: {' '.join(shown[0].split())[:300]}"
     assert demos.count() == n_demos
     assert page.locator(".jp-Cell.celltag_hide").evaluate_all("cells => cells.every(c => c.offsetParent === null)"), \
         "hidden cells show"

@@ -64,6 +64,40 @@ def test_unparsable_cells_run():
     assert _runs(["%matplotlib inline", "x = 1", "x"], [False, False, True]) == [True, True, True]
 
 
+def test_unbound_names_are_what_no_cell_binds():
+    sources = ["import torch\nfrom math import pi as PI\nx = 1",
+               "def f(a):\n    return a + x + later + missing_in_body",
+               "class C:\n    k = 2\n    def m(self):\n        return self.k + C.k",
+               "later = [v for v in range(3)]\ndisplay(len(later), PI, torch)",
+               "print(measure(f(1)))"]
+    assert demo.unbound_names(sources) == {"missing_in_body", "measure"}
+
+
+def test_a_dashboard_that_reads_a_name_bound_only_in_a_graded_cell_is_refused(monkeypatch):
+    """A name imported only in a graded test cell (which dashboards never run) failed in Voila,
+    where the page waited for a plot that never came; the build now names it instead."""
+    import nbformat
+
+    v4 = nbformat.v4
+    nb = v4.new_notebook(cells=[
+        v4.new_markdown_cell("# Chapter 99 — Something\n\nOne line."),
+        v4.new_code_cell("import torch", metadata={"tags": ["setup"]}),
+        v4.new_code_cell("from coursekit import measure\nassert measure", metadata={"nbgrader": {"grade": True}}),
+        v4.new_code_cell("m = measure(lambda: torch.ones(2))"),
+        v4.new_code_cell("slider_plot(lambda ax, k=1: ax.plot([m]))", metadata={"tags": ["demo"]})],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}, "language_info": {"name": "python"}})
+    monkeypatch.setattr(demo, "read_source", lambda chapter, demo_tags=False: nb)
+    with pytest.raises(ValueError, match=r"ch99_x: the dashboard reads measure, slider_plot"):
+        demo.dashboard("ch99_x")
+
+
+@pytest.mark.parametrize("chapter", chapters())
+def test_every_dashboard_binds_every_name_it_reads(chapter):
+    nb = demo.dashboard(chapter)  # raises ValueError naming what is missing
+    if nb is not None:
+        assert not demo.unbound_names([c.source for c in nb.cells if c.cell_type == "code"])
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     dest = tmp_path_factory.mktemp("demo")
@@ -206,3 +240,20 @@ def test_a_slider_cell_run_by_nbclient_sends_nothing_back_to_the_kernel(monkeypa
     assert [o.output_type for o in outputs] == ["display_data"], outputs
     assert "application/vnd.jupyter.widget-view+json" in outputs[0].data
     assert sent == []
+
+
+def test_lecture_mode_turns_off_notebook_progress_bars(monkeypatch):
+    """A demo cell that trains shows no progress bar on the projector (tqdm's notebook bars
+    ignore TQDM_DISABLE, and a bar's box came before the demo's controls)."""
+    import matplotlib
+    from tqdm import notebook
+
+    from coursekit.widgets import lecture_mode
+
+    monkeypatch.setattr(notebook.tqdm_notebook, "__init__", notebook.tqdm_notebook.__init__)
+    assert not notebook.tqdm(range(2)).disable
+    with matplotlib.rc_context():
+        lecture_mode()
+        lecture_mode()  # idempotent
+    bar = notebook.tqdm(range(3), desc="training")
+    assert bar.disable and list(bar) == [0, 1, 2]
