@@ -30,8 +30,26 @@ LECTURE_RC = {"font.size": 13, "axes.titlesize": 14, "axes.labelsize": 13, "xtic
 
 
 def lecture_mode() -> None:
-    """Larger default type and sharper figures, for dashboards shown on a projector."""
+    """Larger default type and sharper figures, and no progress bars, for dashboards shown on a
+    projector.
+
+    ``TQDM_DISABLE`` reaches only the plain progress bars: the notebook ones (``tqdm.auto`` in a
+    kernel) set ``disable`` themselves, so they are turned off here."""
     plt.rcParams.update(LECTURE_RC)
+    try:
+        from tqdm import notebook
+    except ImportError:  # no ipywidgets: tqdm.auto gives plain bars, which TQDM_DISABLE turns off
+        return
+    init = notebook.tqdm_notebook.__init__
+    if getattr(init, "_lecture_mode", False):
+        return
+
+    def quiet(self, *args, **kwargs):
+        kwargs["disable"] = True
+        init(self, *args, **kwargs)
+
+    quiet._lecture_mode = True
+    notebook.tqdm_notebook.__init__ = quiet
 
 
 def _default(spec):
