@@ -34,8 +34,12 @@ DUPLICATES = {
     ("ch04_partial_training", "unpack_bits"): {"kernels.ch05_tinytl.unpack_mask_triton",
                                                "kernels.ch05_tinytl.unpack_mask_torch"},
     ("ch04_partial_training", "relu_1bit"): {"kernels.ch05_tinytl.relu_packed"},
+    ("ch08_quantization", "nf4_codebook"): {"kernels.ch15_paca.nf4_levels"},
+    ("ch08_quantization", "nf4_quantize"): {"kernels.ch15_paca.nf4_encode"},
     ("ch08_quantization", "nf4_dequantize"): {"kernels.ch08_quantization.nf4_decode_triton",
-                                              "kernels.ch08_quantization.nf4_decode_torch"},
+                                              "kernels.ch08_quantization.nf4_decode_torch",
+                                              "kernels.ch15_paca.nf4_decode_columns_torch",  # with no column
+                                              "kernels.ch15_paca.nf4_decode_columns_triton"},
     ("ch10_flash_attention", "flash_attention_forward"): {"kernels.ch10_flash_attention.fused_attention_fwd"},
     ("ch10_flash_attention", "flash_attention_backward"): {"kernels.ch10_flash_attention.fused_attention_bwd"},
     ("ch10_flash_attention", "FlashAttention"): {"kernels.ch10_flash_attention.FusedAttentionFunction"},
@@ -110,10 +114,19 @@ def _same_behaviour(chapter: str, exercise: str, target: str) -> None:
     elif exercise == "relu_1bit":
         x = torch.randn(3, 37, generator=gen)
         assert torch.equal(dup(x), ref(x))
+    elif exercise == "nf4_codebook":
+        assert torch.equal(dup(), ref())
+    elif exercise == "nf4_quantize":  # whole blocks, then an odd count with a partial last block
+        for w, block in ((torch.randn(4, 64, generator=gen), 64), (torch.randn(37, 53, generator=gen), 7)):
+            assert all(torch.equal(a, b) for a, b in zip(dup(w, block), ref(w, block)))
     elif exercise == "nf4_dequantize":
         w = torch.randn(4, 64, generator=gen)
         packed, absmax = ns["nf4_quantize"](w)
-        assert torch.allclose(dup(packed, absmax, ns["nf4_codebook"](), w.shape), ref(packed, absmax, w.shape))
+        if target.startswith("kernels.ch15_paca."):  # the columns override with no column: the plain decode
+            got = dup(packed, absmax, w.shape, torch.zeros(0, dtype=torch.int64), torch.zeros(4, 0))
+        else:
+            got = dup(packed, absmax, ns["nf4_codebook"](), w.shape)
+        assert torch.allclose(got, ref(packed, absmax, w.shape))
     elif exercise in ("average_quantize", "average_quantize_triton", "average_dequantize"):  # chapter 13
         x = torch.randn(37, 53, generator=gen)
         noise = torch.rand(491, generator=gen)

@@ -47,6 +47,9 @@ SOURCE_POLICY = SourcePolicy(shortcuts=(
              instead="round with integer operations on x.view(torch.int32), as round_to_bf16's docstring says"),
     Shortcut(paths=("kernels.ch08_quantization",),
              instead="write nf4_dequantize with torch operations; kernels.ch08_quantization is the course's own"),
+    Shortcut(paths=("kernels.ch15_paca",),
+             instead="write the NF4 levels, quantizer and dequantizer with torch operations; kernels.ch15_paca "
+                     "(chapter 15's NF4 kernels) is the course's own"),
 ))
 
 # The NF4 levels as published (QLoRA, Appendix E; bitsandbytes); the student's must be computed.
