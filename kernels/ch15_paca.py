@@ -27,10 +27,11 @@ broadcast absmax (full-size temporaries) before the ``index_copy_``; and the out
 ``W.index_copy(1, idx, cols)`` one might write instead is a whole second pass over ``W`` (read 4 n, write 4 n).
 The epilogue costs what the override needs and no pass over ``W`` of its own.
 
-On the CPU the decode kernel runs in Triton's interpreter (``import kernels`` switches it on), and so does
-the gather-GEMM (float32 tiles: the interpreter's ``tl.dot`` is wrong on 16-bit inputs, which
-``gather_matmul`` handles by upcasting). ``python -m kernels.ch15_paca`` runs the GPU benchmark (skipped
-without CUDA).
+On the CPU both kernels run in Triton's interpreter (``import kernels`` switches it on; import this module,
+or ``kernels``, before ``triton`` itself, or the gather-GEMM's ``tl.zeros`` cannot run there). The interpreter's
+``tl.dot`` is wrong on 16-bit inputs, which ``gather_matmul`` handles by upcasting its tiles to float32.
+Offsets are int32, or int64 for weights of 2**31 elements and more. ``python -m kernels.ch15_paca`` runs the
+GPU benchmark (skipped without CUDA).
 """
 from __future__ import annotations
 
@@ -51,7 +52,10 @@ _ENCODE_CHUNK = 1 << 20  # values quantized at once by nf4_encode (bounds its fl
 
 # --- NF4 levels and encoder ----------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def _levels() -> torch.Tensor:
+def _levels(device: str = "cpu") -> torch.Tensor:
+    """The levels on ``device``, computed once (the decoders read them from there without a copy per call)."""
+    if device != "cpu":
+        return _levels().to(device)
     delta = 1 - 0.5 * (1 / 32 + 1 / 30)  # the extreme quantile (QLoRA, Appendix E)
     positive = torch.special.ndtri(torch.linspace(delta, 0.5, 9, dtype=torch.float64)[:-1])
     negative = -torch.special.ndtri(torch.linspace(delta, 0.5, 8, dtype=torch.float64)[:-1])
@@ -87,7 +91,7 @@ def nf4_encode(w: torch.Tensor, block_size: int = 64) -> tuple[torch.Tensor, tor
     if n and not bool(torch.isfinite(flat).all()):
         raise ValueError("nf4_encode cannot encode inf or NaN: every value of w must be finite")
     n_blocks = -(-n // block_size)
-    levels = _levels().to(flat.device, torch.float64)
+    levels = _levels(str(flat.device)).double()
     midpoints = (levels[1:] + levels[:-1]) / 2  # exact: float32 levels added in float64
     absmax = torch.empty(n_blocks, dtype=torch.float32, device=flat.device)
     codes = torch.empty(n + n % 2, dtype=torch.uint8, device=flat.device)
@@ -153,7 +157,7 @@ def nf4_decode_columns_torch(packed: torch.Tensor, absmax: torch.Tensor, shape, 
     temporaries), then the columns: 4 · out · r read and written again into ``W``, strided.
     """
     _check_decode(packed, absmax, shape, idx, cols, block_size)
-    w = _nf4.nf4_decode_torch(packed, absmax.float(), _levels().to(packed.device), tuple(shape), block_size)
+    w = _nf4.nf4_decode_torch(packed, absmax.float(), _levels(str(packed.device)), tuple(shape), block_size)
     return w.index_copy_(1, idx.long(), cols.to(torch.float32))
 
 
@@ -187,19 +191,30 @@ def nf4_decode_columns_triton(packed: torch.Tensor, absmax: torch.Tensor, shape,
     """Triton version of :func:`nf4_decode_columns_torch` (same arguments, same result bit for bit), in one
     kernel launch; ``BLOCK`` (a power of two) elements per program. No autograd through ``cols``."""
     out_f, in_f, r = _check_decode(packed, absmax, shape, idx, cols, block_size)
-    if BLOCK < 1 or BLOCK & (BLOCK - 1):
-        raise ValueError(f"BLOCK must be a power of two, got {BLOCK}")
-    device = packed.device
+    if isinstance(BLOCK, bool) or not isinstance(BLOCK, int) or BLOCK < 1 or BLOCK & (BLOCK - 1):
+        raise ValueError(f"BLOCK must be a power of two, got {BLOCK!r}")
+    return _decode_columns(packed, absmax, _slots(idx, in_f), cols, (out_f, in_f), block_size, BLOCK)
+
+
+def _slots(idx: torch.Tensor, in_features: int) -> torch.Tensor:
+    """The host-built map of the epilogue: int32 (in_features,), ``slot[idx[t]] = t``, -1 elsewhere."""
+    slot = torch.full((in_features,), -1, dtype=torch.int32, device=idx.device)
+    slot[idx.long()] = torch.arange(idx.numel(), dtype=torch.int32, device=idx.device)
+    return slot
+
+
+def _decode_columns(packed, absmax, slot, cols, shape, block_size: int, BLOCK: int) -> torch.Tensor:
+    """The launch alone, on checked arguments (no check synchronizes with the GPU here: the benchmark times it)."""
+    out_f, in_f = shape
     n = out_f * in_f
-    slot = torch.full((in_f,), -1, dtype=torch.int32, device=device)  # column -> its slot in cols, or -1
-    slot[idx.long()] = torch.arange(r, dtype=torch.int32, device=device)
+    device = packed.device
     kept = cols.detach().to(torch.float32).contiguous()
-    if r == 0:
+    if kept.numel() == 0:
         kept = torch.zeros(1, dtype=torch.float32, device=device)  # never read: every slot is -1
     out = torch.empty(out_f, in_f, dtype=torch.float32, device=device)
     grid = (triton.cdiv(n, BLOCK),)
-    _nf4_decode_columns_kernel[grid](packed.contiguous(), absmax.float().contiguous(), _levels().to(device),
-                                     slot, kept, out, n, in_f, r,
+    _nf4_decode_columns_kernel[grid](packed.contiguous(), absmax.float().contiguous(), _levels(str(device)),
+                                     slot, kept, out, n, in_f, cols.shape[1],
                                      QUANT_BLOCK=block_size, BLOCK=BLOCK, WIDE=n + BLOCK >= 2**31)
     return out
 
@@ -278,9 +293,11 @@ def benchmark(out_features: int = 8192, in_features: int = 8192, rank: int = 64,
 
     - ``decode triton`` / ``decode+copy`` / ``decode pytorch``: GB/s (the least traffic, ``n / 2 + 4 n /
       block_size + 4 in + 4 out r`` read and ``4 n`` written, per second) of the fused kernel, of chapter 8's
-      Triton decode followed by ``index_copy_``, and of the PyTorch reference;
-    - ``grad_p triton`` / ``grad_p pytorch``: milliseconds of :func:`paca_grad_p` (float32 inputs) and of
-      ``scale * (g.t() @ x[:, idx])``.
+      Triton decode followed by ``index_copy_``, and of chapter 8's PyTorch decode followed by ``index_copy_``
+      (the reference). Each times the work alone: the argument checks (which wait for the GPU) are left out,
+      and the slot map of the epilogue is built once, as a layer whose idx never changes would keep it;
+    - ``grad_p triton`` / ``grad_p pytorch``: milliseconds of :func:`paca_grad_p` (float32 inputs, its checks
+      and gather_matmul's included) and of ``scale * (g.t() @ x[:, idx])``.
 
     Raises RuntimeError without CUDA."""
     if not torch.cuda.is_available():
@@ -289,16 +306,13 @@ def benchmark(out_features: int = 8192, in_features: int = 8192, rank: int = 64,
     packed, absmax, shape, idx, cols = c["packed"], c["absmax"], c["shape"], c["idx"], c["cols"]
     n = out_features * in_features
     moved = packed.nbytes + absmax.nbytes + 4 * in_features + cols.nbytes + 4 * n
-    levels = _levels().cuda()
-
-    def unfused():
-        return _nf4.nf4_decode_triton(packed, absmax, levels, shape, block_size).index_copy_(1, idx, cols)
-
-    results = {}
-    for name, fn in (("decode triton", lambda: nf4_decode_columns_triton(packed, absmax, shape, idx, cols, block_size)),
-                     ("decode+copy", unfused),
-                     ("decode pytorch", lambda: nf4_decode_columns_torch(packed, absmax, shape, idx, cols, block_size))):
-        results[name] = moved / (triton.testing.do_bench(fn) * 1e-3) / 1e9
+    levels, slot = _levels(str(packed.device)), _slots(idx, in_features)
+    runs = {
+        "decode triton": lambda: _decode_columns(packed, absmax, slot, cols, shape, block_size, 1024),
+        "decode+copy": lambda: _nf4.nf4_decode_triton(packed, absmax, levels, shape, block_size).index_copy_(1, idx, cols),
+        "decode pytorch": lambda: _nf4.nf4_decode_torch(packed, absmax, levels, shape, block_size).index_copy_(1, idx, cols),
+    }
+    results = {name: moved / (triton.testing.do_bench(fn) * 1e-3) / 1e9 for name, fn in runs.items()}
     g, x, scale = c["g"], c["x"], c["scale"]
     results["grad_p triton"] = triton.testing.do_bench(lambda: paca_grad_p(g, x, idx, scale))
     results["grad_p pytorch"] = triton.testing.do_bench(lambda: scale * (g.t() @ x[:, idx]))
