@@ -147,7 +147,7 @@ def nf4_decode_columns_torch(packed: torch.Tensor, absmax: torch.Tensor, shape, 
     Args:
         packed, absmax: chapter 8's layout (:func:`nf4_encode`) of out · in values.
         idx: (r,) int64 (int32 accepted), distinct columns in [0, in); r = 0 gives the plain decode.
-        cols: (out, r) float32 (another float dtype is converted exactly-or-rounded to float32 by the copy).
+        cols: (out, r) float32 (another float dtype is converted to float32 by the copy).
 
     Returns:
         A new float32 (out, in) tensor: ``levels[code] * absmax[block]``, then ``out[:, idx[t]] = cols[:, t]``
