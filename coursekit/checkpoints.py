@@ -33,6 +33,14 @@ PRETRAINED: dict[str, PretrainedSpec] = {
         rule="fibonacci",
         min_accuracy=0.99,
     ),
+    # The same TinyGPT with 4 blocks (8 residual sublayers), on the same source task: drop rates
+    # and per-sublayer choices (DropBP, PaCA) are less coarse than over 4 sublayers.
+    "tinygpt4_fibonacci": PretrainedSpec(
+        model=GPTConfig(vocab_size=16, context=32, d_model=64, n_heads=4, n_layers=4),
+        task=TaskConfig(vocab_size=16, length=32, noise=0.2),
+        rule="fibonacci",
+        min_accuracy=0.99,
+    ),
 }
 
 

@@ -1,8 +1,9 @@
 """Regenerate the pretrained checkpoints: ``python -m coursekit.pretrain`` (or ``make checkpoints``).
 
 Deterministic: fixed seeds for the data, the initialisation and the batch order (results can
-still differ in the last bits across CPUs and thread counts). About a minute and a half per
-checkpoint on a 2-core CPU.
+still differ in the last bits across CPUs and thread counts). About a minute and a half for the
+2-block TinyGPT on a 2-core CPU; the 4-block one took 16 minutes on one thread of a busy 2-core
+machine.
 """
 from __future__ import annotations
 

@@ -79,17 +79,19 @@ def test_make_task_and_batches_validate_their_arguments():
     assert len(xs) == 3 and all(x.shape == (8, 32) for x in xs)
 
 
-def test_checkpoint_is_small_and_plain_tensors():
-    path = checkpoint_path("tinygpt_fibonacci")
+@pytest.mark.parametrize("name", sorted(PRETRAINED))
+def test_checkpoint_is_small_and_plain_tensors(name):
+    path = checkpoint_path(name)
     assert path.stat().st_size < 2 * 1024**2
     state = torch.load(path, map_location="cpu", weights_only=True)
     assert all(isinstance(v, torch.Tensor) for v in state.values())
-    assert set(state) == set(TinyGPT(PRETRAINED["tinygpt_fibonacci"].model).state_dict())
+    assert set(state) == set(TinyGPT(PRETRAINED[name].model).state_dict())
 
 
-def test_checkpoint_solves_the_source_task_and_not_the_target():
-    spec = PRETRAINED["tinygpt_fibonacci"]
-    model = load_pretrained("tinygpt_fibonacci")
+@pytest.mark.parametrize("name", sorted(PRETRAINED))
+def test_checkpoint_solves_the_source_task_and_not_the_target(name):
+    spec = PRETRAINED[name]
+    model = load_pretrained(name)
     assert all(p.requires_grad for p in model.parameters())
     src = source_task(300, seed=999, cfg=spec.task)
     tgt = target_task(300, seed=999, cfg=spec.task)
