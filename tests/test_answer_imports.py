@@ -47,6 +47,7 @@ DUPLICATES = {
     ("ch13_alam", "average_quantize"): {"kernels.ch13_alam.aq_pack_torch", "kernels.ch13_alam.aq_pack_triton"},
     ("ch13_alam", "average_quantize_triton"): {"kernels.ch13_alam.aq_pack_triton"},
     ("ch13_alam", "average_dequantize"): {"kernels.ch13_alam.aq_unpack_torch", "kernels.ch13_alam.aq_unpack_triton"},
+    ("ch15_paca", "PaCALinear"): {"kernels.ch15_paca.paca_grad_p", "kernels.ch15_paca.paca_grad_p_torch"},  # its dP
 }
 
 # Named like an exercise but computing something else: (chapter, exercise) -> {callable: what it is}.
@@ -137,6 +138,13 @@ def _same_behaviour(chapter: str, exercise: str, target: str) -> None:
             got, want = dup(x, noise), ref(x, noise)
             assert got[0].shape == want[0].shape and (got[0] != want[0]).float().mean() < 0.01
             assert torch.allclose(got[1], want[1], rtol=0, atol=0) and torch.allclose(got[2], want[2], rtol=1e-6)
+    elif exercise == "PaCALinear":  # backward's dP = s g^T x[..., idx], leading dimensions flattened
+        layer = ref(torch.nn.Linear(37, 29), 5, 10.0, generator=gen)
+        x = torch.randn(2, 3, 37, generator=gen)
+        g = torch.randn(2, 3, 29, generator=gen)
+        layer(x).backward(g)
+        dp = dup(g.reshape(6, 29), x.reshape(6, 37), layer.idx, layer.scaling)
+        assert torch.allclose(dp, layer.P.grad, rtol=1e-5, atol=1e-5)
     else:  # chapter 10: (B, H, N, d) float32, a ragged last block
         q, k, v, do = (torch.randn(1, 2, 45, 16, generator=gen) for _ in range(4))
         if exercise == "flash_attention_forward":
