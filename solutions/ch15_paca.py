@@ -589,7 +589,7 @@ def build(method, rank=RANK):
 def finetune(model, lr, steps=STEPS, seed=0, before_step=None):
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     model.train()
-    for x, y in batches(target_train, TRAIN_BATCH, steps, seed=seed):
+    for x, y in tqdm(batches(target_train, TRAIN_BATCH, steps, seed=seed), total=steps, desc="steps", leave=False):
         if before_step is not None:
             before_step()
         loss = lm_loss(model(x), y)
@@ -875,7 +875,7 @@ display(Markdown(
 # in the next cell, before the sliders draw anything).
 
 # %%
-SLIDER_RANKS = [1, 2, 4, 8, 16]
+SLIDER_RANKS = fast([1, 2, 4, 8, 16], [4, 8])
 by_rank = {}
 for r in SLIDER_RANKS:
     row = {}
