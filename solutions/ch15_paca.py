@@ -409,7 +409,7 @@ class QPaCALinear(nn.Module):
 
     Attributes:
         weight_packed, weight_absmax: buffers, ``nf4_encode(base.weight, block_size)``.
-        bias: the base bias as a frozen ``nn.Parameter`` (a copy, ``requires_grad=False``), or None.
+        bias: a frozen copy of the base bias (an ``nn.Parameter`` with ``requires_grad=False``, or a buffer), or None.
         idx: int64 buffer (rank,), ``torch.randperm(in_features)[:rank]`` from torch's global generator, drawn once.
         P: ``nn.Parameter`` (out_features, rank), ``base.weight[:, idx] / scaling`` from the ORIGINAL float weight
             (so that the columns idx start exact, not rounded to NF4). The only tensor that requires grad.
