@@ -634,7 +634,7 @@ from grader.api import run_hidden; run_hidden("ch14_dropbp", "test_allocate_drop
 # 8 sequences and allocate the rates with the authors' FLOP weights.
 
 # %%
-STEPS, BATCH = fast(180, 8), 8
+STEPS, BATCH = fast(150, 8), 8
 D, S_LEN = plain.cfg.d_model, plain.cfg.context
 FLOPS = [8 * S_LEN * D**2 + 4 * S_LEN**2 * D, 16 * S_LEN * D**2] * plain.cfg.n_layers  # attn, mlp per block
 
