@@ -9,7 +9,7 @@
 #       - 'Each graded cell runs within 60 s and 4 GiB'  # the grader's limits per graded cell
 #       - 'the selected columns, the output y and 2 MiB'  # the memory cell's slack
 #       - 'plus 0.5 MiB (before the construction your code may keep at most 0.5 MiB)'  # the memory cell's slack
-#       - 'its output and 0.5 MiB'
+#       - 'its output and 2 MiB'  # the QPaCA memory cell's slack
 #       - '−22% training time and −16% memory against LoRA, comparable accuracy (MMLU, MT-Bench), 23% longer sequences and +16% throughput'  # PaCA abstract
 #       - '−44% training time at comparable accuracy'  # DropBP abstract
 #       - '"−22%"'
@@ -104,14 +104,16 @@ class PaCALinear(nn.Module):
     Args:
         base: the pretrained ``nn.Linear`` (in_features -> out_features, with or without a bias). Keep it as
             ``self.base``, the very object, and freeze it: ``requires_grad=False`` on its weight and bias.
-        rank: r, an int from 1 to in_features; anything else (0, -2, in_features + 1, 2.5) raises ValueError.
+        rank: r, a Python int from 1 to in_features; anything else (0, -2, in_features + 1, 2.5, 3.0, and True: a
+            bool or a float is not an int rank) raises ValueError.
         alpha: the scale numerator: ``self.scaling = alpha / rank`` (s).
-        generator: a ``torch.Generator`` for the draw of idx, or None for torch's global generator.
+        generator: a ``torch.Generator`` for the draw of idx, or None for torch's global generator (what
+            ``apply_paca`` passes): the same draw, ``torch.randperm(in_features)[:rank]``, never a fixed choice.
 
     Attributes:
-        idx: int64 buffer (registered with ``register_buffer``) of shape (rank,):
-            ``torch.randperm(in_features, generator=generator)[:rank]``, drawn once in ``__init__``: r distinct input
-            columns, never redrawn.
+        idx: int64 buffer (registered with ``register_buffer``, persistent: ``state_dict()`` carries it) of shape
+            (rank,): ``torch.randperm(in_features, generator=generator)[:rank]``, drawn once in ``__init__``: r
+            distinct input columns, never redrawn.
         P: ``nn.Parameter`` (out_features, rank), float32, its own storage: ``base.weight[:, idx] / scaling`` at
             initialisation, so that the layer starts equal to ``base``. P is the only tensor that requires grad.
         scaling: the float ``alpha / rank``.
@@ -133,22 +135,31 @@ class PaCALinear(nn.Module):
     (7, 37), (37,) and (2, 3, 2, 37); a bias-free Linear(20, 11) with rank 20 (every column); and one layer drawn at
     grading time (in_features 2 to 96, out_features 2 to 64, rank 1 to in_features, x 2-D to 4-D). The grader passes
     a seeded generator and replays the draw of idx.
-    - values (test_paca_linear): idx, P and scaling at initialisation; the output at initialisation equal to the
-      base layer's; then two steps, each a forward, a backward of an output gradient and an SGD step on P driven by
-      the grader: every output, dx and dP against a float64 reference, the second forward with the updated P;
+    - values (test_paca_linear): idx, P (its dtype too) and scaling at initialisation, ``self.base is base``, idx in
+      ``state_dict()``; the output at initialisation equal to the base layer's; then two steps, each a forward, a
+      backward of an output gradient and an SGD step on P driven by the grader: every output, dx and dP against a
+      float64 reference, the second forward with the updated P, and after the last forward the grader's own
+      ``base.weight`` holding ``scaling * P`` in its columns idx (the rest unchanged); then layers built with no
+      generator after ``torch.manual_seed`` (in_features 40 to 96, rank 4 to 12, drawn at grading time): idx r
+      distinct columns in range, not the first r, the same after the same seed and not after another;
     - frozen (test_paca_linear_frozen): the module's parameters that require grad are exactly P, and no gradient
       reaches the base weight or bias; two SGD steps with weight decay, driven by the grader on every parameter that
       requires grad: the base weight changes only in its columns idx, the bias not at all;
-    - memory (test_paca_linear_memory), read from outside your process: what one forward keeps until backward, in
-      two calls, shapes and values drawn at grading time, on Linear(in_features, 64) held by the grader,
-      in_features 1024 to 2048, rank 8 to 32, x made for the call and released after it: (a) x 3-D (2 to 8, rows,
-      in_features) of 5 × 2^20 to 8 × 2^20 elements requiring grad; (b) x 2-D of 4 × 2^20 to 6 × 2^20 elements
-      not requiring grad. Kept: at most the selected columns, the output y and 2 MiB. The output gradient is drawn
-      and sent only after the forward; y, dP, and dx (rows of it and its sum) of that very call are checked;
+    - memory (test_paca_linear_memory): read from outside your process, what one forward keeps until backward, in
+      two calls, shapes and values drawn at grading time, on Linear(in_features, out_features) held by the grader,
+      in_features 1000 to 2100 and out_features 40 to 100 (any integers), rank 8 to 32, x made for the call and released after it: (a) idx drawn from a generator the
+      grader passes, x 3-D (2 to 8, rows, in_features) of 4 × 2^20 to 7 × 2^20 elements requiring grad; (b) no
+      generator (torch's global one, as in ``apply_paca``), x 2-D of 2 × 2^20 to 4 × 2^20 elements not requiring
+      grad. Kept: at most the selected columns, the output y and 2 MiB. The output gradient is drawn and sent only
+      after the forward; y (every element), dP, and dx (every row, through random projections, and its sum) of
+      that very call are checked. Then, on the four value layers above with rank below in_features, one forward on
+      x requiring grad must not pack x itself (or a tensor equal to x) for backward (seen by a saved-tensor hook in
+      your process: it can only refuse);
     - merge (test_paca_linear_merge): after an SGD step on P, merge() before any further forward; the merged
-      layer's type, weight, bias and output; the merged weight unchanged after the layer trains on;
-    - errors (test_paca_linear_errors): ranks 1 and in_features accepted; 0, -2, in_features + 1 and 2.5 raise
-      ValueError.
+      layer's type, weight, bias and output; the merged weight unchanged after the layer trains on, the merged bias
+      unchanged after the base bias changes;
+    - errors (test_paca_linear_errors): ranks 1 and in_features accepted; 0, -2, in_features + 1, 2.5, 3.0 and True
+      raise ValueError.
     Each graded cell runs within 60 s and 4 GiB.
     """
 
@@ -318,8 +329,9 @@ def apply_paca(model: nn.Module, rank: int, alpha: float, targets) -> nn.Module:
     Graded with rank 3 and alpha 6, in three cells:
     - replaced (test_apply_paca): on a transformer-like tree of standard modules (``nn.ModuleDict``/``nn.ModuleList``
       of an Embedding, two blocks of LayerNorm, Linears and GELU, a head) with targets ``("qkv", "fc1")``: which
-      layers are replaced (each keeping the original as ``.base``) in the model given, which is the one returned,
-      the shapes and count of the new parameters, the scaling, and the model's output unchanged at initialisation;
+      layers are replaced (each keeping the original as ``.base``, the very object, not a copy) in the model given,
+      which is the one returned, the shapes and count of the new parameters, the scaling, and the model's output
+      unchanged at initialisation;
     - frozen (test_apply_paca_frozen): on the same tree, the only parameters that require grad are the ``P`` of the
       replaced layers; then one SGD step with weight decay, driven by the grader on every parameter that requires
       grad: every original tensor unchanged except the columns idx of the replaced layers' weights;
@@ -403,15 +415,18 @@ class QPaCALinear(nn.Module):
 
     Args:
         base: the pretrained ``nn.Linear`` (with or without a bias). Do not keep it, nor any float copy of its weight.
-        rank: r, an int from 1 to in_features; anything else raises ValueError.
+        rank: r, a Python int from 1 to in_features; anything else raises ValueError (as in PaCALinear: 0, -2,
+            in_features + 1, 2.5, 3.0, True).
         alpha: ``self.scaling = alpha / rank``.
         block_size: the NF4 block size.
 
     Attributes:
         weight_packed, weight_absmax: buffers, ``nf4_encode(base.weight, block_size)``.
-        bias: a frozen copy of the base bias (an ``nn.Parameter`` with ``requires_grad=False``, or a buffer), or None.
+        bias: a frozen copy of the base bias (an ``nn.Parameter`` with ``requires_grad=False``, or a buffer), or None:
+            a copy, so that changing the base bias afterwards changes nothing here.
         idx: int64 buffer (rank,), ``torch.randperm(in_features)[:rank]`` from torch's global generator, drawn once.
-        P: ``nn.Parameter`` (out_features, rank), ``base.weight[:, idx] / scaling`` from the ORIGINAL float weight
+        P: ``nn.Parameter`` (out_features, rank), float32, ``base.weight[:, idx] / scaling`` from the ORIGINAL float
+            weight
             (so that the columns idx start exact, not rounded to NF4). The only tensor that requires grad.
         scaling: the float ``alpha / rank``.
 
@@ -423,16 +438,20 @@ class QPaCALinear(nn.Module):
 
     Graded on float32 Linear(37, 53) with and without bias (rank 4 and 3, alpha 8.0 and 1.5, block_size 64 and 32),
     x (2, 3, 37) and (5, 37), and one layer drawn at grading time:
-    - values (test_qpaca_linear): the buffers' dtypes and sizes, idx (distinct, in range), P against the original
-      weight, the only trainable parameter P; the output at initialisation, dx and dP against a float64 reference on
-      the NF4 weight with the original columns idx; then an SGD step on P and a second forward with the new P; and a
-      ValueError for ranks 0 and in_features + 1;
+    - values (test_qpaca_linear): the buffers' dtypes and sizes, idx (distinct, in range), P (float32) against the
+      original weight, the only trainable parameter P; the base bias changed after the construction (the layer
+      keeps the bias it copied); the output at initialisation, dx and dP against a float64 reference on the NF4
+      weight with the original columns idx; then an SGD step on P and a second forward with the new P; and a
+      ValueError for ranks 0, -2, in_features + 1, 2.5, 3.0 and True;
     - memory (test_qpaca_linear_memory), read from outside your process: on a bias-free Linear whose in and out
       features are each drawn at grading time from 1536 to 2048 (multiples of 64; rank 8 to 32, alpha 16, blocks of
       64), with the base layer released, what your process holds may grow after construction by no more than the
       packed codes and absmax, P and idx, plus 0.5 MiB (before the construction your code may keep at most 0.5 MiB);
-      then one forward on a (3, in_features) input may keep until backward no more than its x[..., idx], its output
-      and 0.5 MiB. On that pass the output, dP and the input gradient's sum are compared with the reference.
+      then one forward on a (rows, in_features) input of 2 × 2^20 to 3 × 2^20 elements (rows drawn at grading time)
+      may keep until backward no more than its x[..., idx], its output and 2 MiB. On that pass the output and dx
+      (every row, through random projections) and dP are compared with the reference. Then, on the two fixed layers
+      above: no floating-point tensor of out_features × in_features elements or more among the layer's parameters
+      other than P, its buffers and its attributes (directly or in a list, tuple or dict).
     Each graded cell runs within 60 s and 4 GiB.
     """
 

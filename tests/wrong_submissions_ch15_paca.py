@@ -12,7 +12,7 @@ class PaCALinear(nn.Module):
 
     def __init__(self, base, rank, alpha, generator=None):
         super().__init__()
-        if not isinstance(rank, int) or not 1 <= rank <= base.in_features:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= base.in_features:
             raise ValueError(f"bad rank {rank!r}")
         self.base = base.requires_grad_(False)
         self.scaling = alpha / rank
@@ -75,7 +75,7 @@ class QPaCALinear(nn.Module):
 
     def __init__(self, base, rank, alpha, block_size=64):
         super().__init__()
-        if not isinstance(rank, int) or not 1 <= rank <= base.in_features:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= base.in_features:
             raise ValueError(f"bad rank {rank!r}")
         self.base = base.requires_grad_(False)
         self.scaling = alpha / rank
@@ -104,7 +104,7 @@ class PaCALinear(nn.Module):
 
     def __init__(self, base, rank, alpha, generator=None):
         super().__init__()
-        if not isinstance(rank, int) or not 1 <= rank <= base.in_features:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= base.in_features:
             raise ValueError(f"bad rank {rank!r}")
         self.base = base.requires_grad_(False)
         self.scaling = alpha / rank
@@ -136,7 +136,7 @@ class QPaCALinear(nn.Module):
 
     def __init__(self, base, rank, alpha, block_size=64):
         super().__init__()
-        if not isinstance(rank, int) or not 1 <= rank <= base.in_features:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= base.in_features:
             raise ValueError(f"bad rank {rank!r}")
         self.shape, self.block_size = (base.out_features, base.in_features), block_size
         self.scaling = alpha / rank

@@ -65,6 +65,10 @@ DX_HINT = "dx = g W, with the weight whose columns idx hold scaling * P, of x's 
 KEEP_HINT = ("save only x[..., idx] (a copy: rank / in_features of x) in your Function's forward: x itself must not "
              "stay alive until backward, neither saved by your Function nor by another operation autograd records "
              "(a product with a weight built from P, an index_copy on a tensor that requires grad)")
+BASE_HINT = "keep the layer you are given as self.base, the very object (no copy)"
+WRITE_HINT = ("every forward first writes scaling * P into the columns idx of base.weight (under no_grad): after a "
+              "forward the base weight holds the current P in those columns, and the product uses that weight")
+GLOBAL_IN, GLOBAL_RANK = (40, 96), (4, 12)  # the layers drawn from torch's global generator
 FROZEN_HINT = ("freeze the base layer: base.weight.requires_grad_(False) and the same for its bias; P is the only "
                "parameter that trains, and your backward returns no gradient for the weight or the bias")
 
@@ -141,6 +145,8 @@ def _check_init(got: dict, W0, idx_ref, s, where: str) -> None:
         hint = ROWS_HINT if tuple(P0.shape) == (r, W0.shape[1]) else P_HINT
         raise AssertionError(f"{where}: P has shape {tuple(P0.shape)}, expected (out_features, rank) = "
                              f"{(W0.shape[0], r)}. {hint}")
+    if P0.dtype != torch.float32:
+        raise AssertionError(f"{where}: P is {P0.dtype}, expected torch.float32 (the base weight's dtype)")
     ref = W0.double()[:, idx_ref] / s
     hint = P_HINT
     if _close(P0, W0.double()[:, idx_ref]) and abs(s - 1) > 1e-9:
@@ -212,8 +218,39 @@ def check_paca_linear(nb):
         rank, alpha = case[3], case[4]
         s = alpha / rank
         _check_init(_describe(nb, layer, where), W0, idx, s, where)
-        got = fetch(nb.apply(probes.ch15_steps, layer, xs, gs, LR))
-        _check_steps(got, _paca_ref(W0, b0, idx, s, xs, gs), W0, b0, idx, s, xs, where)
+        if not fetch(nb.apply(probes.ch15_base_is, layer, _sent[0])):
+            raise AssertionError(f"{where}: self.base is not the nn.Linear you were given. {BASE_HINT}")
+        keys = fetch(nb.apply(probes.ch15_state_keys, layer))
+        if "idx" not in keys:
+            raise AssertionError(f"{where}: state_dict() has no idx (its keys: {keys}). {BUFFER_HINT}")
+        got = fetch(nb.apply(probes.ch15_steps, layer, xs, gs, LR, 0.0, True, {"weight": _sent[1][0]}))
+        ref = _paca_ref(W0, b0, idx, s, xs, gs)
+        _check_steps(got, ref, W0, b0, idx, s, xs, where)
+        written = W0.double().clone()
+        written[:, idx] = s * ref["P"][len(xs) - 1]
+        check_close(got["given"]["weight"].double(), written, f"base.weight of {where} after the last forward (read by "
+                    "the grader from its own tensor)", WRITE_HINT, **TOL)
+    _check_global_idx(nb)
+
+
+def _check_global_idx(nb) -> None:
+    """idx drawn from torch's global generator when no generator is given: distinct, in range, not the first r
+    columns, the same after the same ``manual_seed`` and not after another."""
+    n_in, n_out, rank = draw(*GLOBAL_IN), draw(2, 16), draw(*GLOBAL_RANK)
+    seed = new_seed() % 10**6
+    got = fetch(nb.apply(probes.ch15_global_idx, nb.PaCALinear, n_in, n_out, rank, [seed, seed, seed + 1]))
+    where = f"PaCALinear(Linear({n_in}, {n_out}), {rank}, 2.0) with no generator (torch's global generator seeded)"
+    for idx in got:
+        if idx is None or tuple(idx.shape) != (rank,) or len(set(idx.tolist())) != rank or int(idx.min()) < 0 \
+                or int(idx.max()) >= n_in:
+            raise AssertionError(f"{where}: idx is {None if idx is None else idx.tolist()}, expected {rank} distinct "
+                                 f"columns of 0..{n_in - 1}. {IDX_HINT}")
+        if idx.tolist() == list(range(rank)):
+            raise AssertionError(f"{where}: idx is the first {rank} columns, not a random draw. {IDX_HINT}")
+    if not same_values(got[0], got[1]) or same_values(got[0], got[2]):
+        raise AssertionError(f"{where}: idx after manual_seed({seed}) twice and manual_seed({seed + 1}): "
+                             f"{[t.tolist()[:6] for t in got]}; draw it with torch.randperm from torch's global "
+                             f"generator when generator is None. {IDX_HINT}")
 
 
 @hidden_test("test_paca_linear_frozen")
@@ -241,20 +278,35 @@ def check_paca_linear_frozen(nb):
 
 
 # --- memory ------------------------------------------------------------------------------------------------------------
-MEM_CASES = {  # elements of x, in_features (multiples of 64), x 3-D, x's grad
-    "a": dict(numel=(5 * 2**20, 8 * 2**20), cols=(1024, 2048, 64), three_d=True, x_grad=True),
-    "b": dict(numel=(4 * 2**20, 6 * 2**20), cols=(1024, 2048, 64), three_d=False, x_grad=False),
+MEM_CASES = {  # elements of x, x 3-D, x's grad, idx drawn from a generator the grader passes (or the global one)
+    "a": dict(numel=(4 * 2**20, 7 * 2**20), three_d=True, x_grad=True, generator=True),
+    "b": dict(numel=(2 * 2**20, 4 * 2**20), three_d=False, x_grad=False, generator=False),
 }
-MEM_OUT = 64
+MEM_IN, MEM_OUT = (1000, 2100), (40, 100)  # in_features and out_features, any integers
 MEM_RANK = (8, 32)
-MEM_SLACK = 2 * MiB  # x itself is 16 MiB or more, at least 12 MiB beyond the bound (ballast hides at most 5 MiB)
-MEM_DX_ROWS = 32
+MEM_SLACK = 2 * MiB  # x itself is 8 MiB or more, at least 6 MiB beyond the bound (ballast hides at most 5 MiB)
+MEM_PROJ = 2  # random directions v: every row of dx @ v against g @ (W v)
+
+
+def _directions(n: int):
+    """MEM_PROJ random float64 directions of length n, drawn at grading time."""
+    return torch.randn(n, MEM_PROJ, generator=_gen(new_seed()), dtype=torch.float64)
+
+
+def _all_rows(lhs, rhs, what: str, hint: str, where: str) -> None:
+    """Every row of a result projected on random directions (``lhs``, rows × MEM_PROJ) against the reference's."""
+    if lhs is None or tuple(lhs.shape) != tuple(rhs.shape):
+        raise AssertionError(f"{what} of {where} is missing or of the wrong shape. {hint}")
+    bad = ((lhs.double() - rhs).abs() > 1e-2 + 1e-4 * rhs.abs()).any(dim=1).nonzero().flatten()
+    if len(bad):
+        raise AssertionError(f"{what} of {where}: {len(bad)} of its {lhs.shape[0]} rows are wrong (rows "
+                             f"{bad.tolist()[:6]}), every row checked through random projections. {hint}")
 
 
 def _paca_memory_case(nb, case: str) -> None:
     spec = MEM_CASES[case]
     meter = Meter(nb)  # first: everything the student's code holds is read from outside
-    cols = draw(*spec["cols"])
+    cols, n_out = draw(*MEM_IN), draw(*MEM_OUT)
     rows = draw(-(-spec["numel"][0] // cols), spec["numel"][1] // cols)
     if spec["three_d"]:
         lead = draw(2, 8)
@@ -265,36 +317,46 @@ def _paca_memory_case(nb, case: str) -> None:
     n = rows * cols
     rank, alpha = draw(*MEM_RANK), float(draw(4, 64))
     s = alpha / rank
-    seed, w_seed, g_seed, i_seed = new_seed(), new_seed(), new_seed(), new_seed()
-    W0 = seeded((MEM_OUT, cols), seed=w_seed) / cols ** 0.5
-    b0 = seeded((MEM_OUT,), seed=w_seed + 1)
-    linear = nn.Linear(cols, MEM_OUT)
+    seed, w_seed, g_seed, i_seed = new_seed(), new_seed(), new_seed(), new_seed() % 10**6
+    W0 = seeded((n_out, cols), seed=w_seed) / cols ** 0.5
+    b0 = seeded((n_out,), seed=w_seed + 1)
+    linear = nn.Linear(cols, n_out)
     with torch.no_grad():
         linear.weight.copy_(W0)
         linear.bias.copy_(b0)
     base = meter.put(linear)
-    gen = nb.put(torch.Generator)()
-    gen.manual_seed(i_seed)
-    layer = nb.PaCALinear(base, rank, alpha, gen)
-    idx = torch.randperm(cols, generator=_gen(i_seed))[:rank]
+    if spec["generator"]:
+        gen = nb.put(torch.Generator)()
+        gen.manual_seed(i_seed)
+        layer = nb.PaCALinear(base, rank, alpha, gen)
+        idx = torch.randperm(cols, generator=_gen(i_seed))[:rank]
+    else:  # torch's global generator, as apply_paca builds its layers
+        layer = nb.PaCALinear(base, rank, alpha)
+        idx = fetch(nb.apply(probes.ch15_describe, layer))["buffers"].get("idx", {}).get("value")
+        if idx is None or tuple(idx.shape) != (rank,) or len(set(idx.tolist())) != rank:
+            raise AssertionError(f"PaCALinear(Linear({cols}, {n_out}), {rank}, {alpha:g}) with no generator: idx is "
+                                 f"{None if idx is None else idx.tolist()[:8]}. {IDX_HINT}")
     # A first call on a small input of the same kind: lazily loaded code and caches, on the measured path.
     small = nb.PaCALinear(nb.put(nn.Linear(16, 4)), 2, 4.0)
     small_y = small(nb.put(torch.randn(2, 3, 16) if spec["three_d"] else torch.randn(5, 16)))
     small_y.sum().backward()
     del small_y, small
-    picked = torch.randperm(rows)[:MEM_DX_ROWS].sort().values
-    dx_rows = meter.put(torch.zeros(len(picked), cols))
+
+    v = _directions(cols)
+    proj = meter.put(torch.zeros(n // cols, MEM_PROJ, dtype=torch.float64))
+    v_sent = meter.put(v)
 
     def call(x):
         y = layer(x)
         if spec["x_grad"]:
-            nb.apply(probes.ch15_grad_rows, x, picked, dx_rows)
+            nb.apply(probes.ch15_grad_proj, x, v_sent, proj)
         return y
 
     held, y = meter.held_by(call, inputs=lambda: [meter.tensor(shape, seed=seed, requires_grad=spec["x_grad"])])
-    where = (f"PaCALinear(Linear({cols}, {MEM_OUT}), {rank}, {alpha:g}) held by the grader, on x {shape} made for the "
-             f"call ({'requiring' if spec['x_grad'] else 'not requiring'} grad), sizes drawn at grading time")
-    y_bytes = 4 * rows * MEM_OUT
+    where = (f"PaCALinear(Linear({cols}, {n_out}), {rank}, {alpha:g}"
+             f"{', generator' if spec['generator'] else ', no generator'}) held by the grader, on x {shape} made for "
+             f"the call ({'requiring' if spec['x_grad'] else 'not requiring'} grad), sizes drawn at grading time")
+    y_bytes = 4 * rows * n_out
     cols_bytes = 4 * (n // cols) * rank
     bound = cols_bytes + y_bytes + MEM_SLACK
     if held.kept > bound:
@@ -304,34 +366,43 @@ def _paca_memory_case(nb, case: str) -> None:
             f"outside your process); x[..., idx] is {mib(cols_bytes)}, the output y {mib(y_bytes)} and x itself "
             f"{mib(4 * n)}: at most {mib(bound)} may stay. {KEEP_HINT}")
     x = seeded(shape, seed=seed)
-    g = seeded((*shape[:-1], MEM_OUT), seed=g_seed)  # drawn now, sent only after the forward ran
+    g = seeded((*shape[:-1], n_out), seed=g_seed)  # drawn now, sent only after the forward ran
     W = W0.double().clone()
     W[:, idx] = s * (W0.double()[:, idx] / s)
     x2 = x.reshape(-1, cols)
-    ref_y = torch.empty(x2.shape[0], MEM_OUT, dtype=torch.float64)
+    ref_y = torch.empty(x2.shape[0], n_out, dtype=torch.float64)
     for a in range(0, x2.shape[0], 4096):
         ref_y[a:a + 4096] = x2[a:a + 4096].double() @ W.t() + b0.double()
     got = fetch(y)
-    check_close(None if got is None else got.double().reshape(-1, MEM_OUT), ref_y, f"the output y of {where}",
+    check_close(None if got is None else got.double().reshape(-1, n_out), ref_y, f"the output y of {where}",
                 FORWARD_HINT, atol=1e-3, rtol=1e-4)
-    grad = meter.tensor((*shape[:-1], MEM_OUT), requires_grad=False, seed=g_seed)
+    grad = meter.tensor((*shape[:-1], n_out), requires_grad=False, seed=g_seed)
     y.backward(grad.tensor)
-    g2 = g.reshape(-1, MEM_OUT).double()
+    g2 = g.reshape(-1, n_out).double()
     ref_dp = s * g2.t() @ x2[:, idx].double()
     got_dp = fetch(nb.apply(probes.ch15_param_grad, layer, "P"))
     check_close(None if got_dp is None else got_dp.double(), ref_dp, f"dP of {where}, for an output gradient drawn at "
                 "grading time and sent after the forward", DP_HINT, atol=1e-2, rtol=1e-4)
     if spec["x_grad"]:
-        check_close(fetch(dx_rows).double(), g2[picked] @ W, f"dx at rows {picked.tolist()[:6]}... of {where}",
-                    DX_HINT, atol=1e-3, rtol=1e-4)
+        _all_rows(fetch(proj), g2 @ (W @ v), "dx", DX_HINT, where)
         check_close(fetch(held.leaves[0].grad).double(), (g2.sum(0) @ W).sum(), f"the sum of dx for {where}",
                     DX_HINT, atol=1e-1, rtol=1e-3)
+
+
+def _check_saves_x(nb) -> None:
+    """On the small value cases (rank below in_features), what the forward packs for backward must not be x."""
+    for case in PACA_CASES[:4]:
+        layer, _sent, where, *_rest, xs, _gs = _paca_case(nb, case)
+        if fetch(nb.apply(probes.ch15_saves_x, layer, xs[:1]))["saved_x"] is True:
+            raise AssertionError(f"{where}: the forward saved x itself for backward (seen by a saved-tensor hook in "
+                                 f"your process). {KEEP_HINT}")
 
 
 @hidden_test("test_paca_linear_memory")
 def check_paca_linear_memory(nb):
     _paca_memory_case(nb, "a")
     _paca_memory_case(nb, "b")
+    _check_saves_x(nb)
 
 
 @hidden_test("test_paca_linear_merge")
@@ -367,6 +438,14 @@ def check_paca_linear_merge(nb):
         fetch(nb.apply(probes.ch15_steps, layer, xs, gs, LR))  # the layer trains on
         check_close(fetch(merged.weight), before, f"the merged weight of {where} after the layer trained on",
                     "merge() returns copies that share no storage with the layer", atol=0, rtol=0)
+        if b0 is not None:
+            nb.apply(probes.ch15_bump, _sent[1][1])  # the grader's own base bias, changed after the merge
+            check_close(fetch(merged.bias).double(), b0.double(), f"the merged bias of {where} after the base bias "
+                        "changed", "merge() returns copies that share no storage with the layer: copy the bias too",
+                        atol=0, rtol=0)
+
+
+BAD_RANKS = (0, -2, 10, 2.5, 3.0, True)  # for Linear(9, 4): a rank is a Python int (not a bool, not a float)
 
 
 @hidden_test("test_paca_linear_errors")
@@ -376,7 +455,7 @@ def check_paca_linear_errors(nb):
         if names is not None:
             raise AssertionError(f"PaCALinear(Linear(9, 4), {rank}, 2.0) raised {names[0]}: ranks from 1 to "
                                  "in_features are valid")
-    for rank in (0, -2, 10, 2.5):
+    for rank in BAD_RANKS:
         names = fetch(nb.apply(probes.raised, nb.PaCALinear, nb.put(nn.Linear(9, 4)), rank, 2.0))
         if names is None or "ValueError" not in names:
             got = "returned" if names is None else f"raised {names[0]}"
@@ -402,8 +481,9 @@ def _edge_model() -> nn.ModuleDict:
                           "blocks": nn.ModuleList([block]), "head": nn.Linear(8, 3)})
 
 
-def _apply(nb, model: nn.Module, targets, what: str):
-    sent = nb.put((model, list(model.parameters())))
+def _apply(nb, model: nn.Module, targets, what: str, handle=None):
+    sent = nb.put((model, list(model.parameters()))) if handle is None else \
+        (handle, nb.apply(probes.ch15_parameters, handle))
     try:
         result = nb.apply_paca(sent[0], RANK, ALPHA, targets)
         if result is None or fetch(nb.apply(probes.type_names, result))[0] == "builtins.NoneType":
@@ -435,15 +515,20 @@ def check_apply_paca(nb):
     tokens = torch.randint(0, 10, (2, 5), generator=_gen(3))
     with torch.no_grad():
         y_before = model(tokens)
-    result, sent, kinds = _apply(nb, model, TARGETS, "a transformer-like model")
+    model_handle = nb.put(model)
+    originals = [_reach(model_handle, name) for name in wanted]  # handles on the worker's original Linears
+    result, sent, kinds = _apply(nb, model, TARGETS, "a transformer-like model", model_handle)
     check_equal(_replaced(kinds), wanted, "the layers replaced by PaCALinear",
                 f"replace exactly the nn.Linear layers whose qualified name ends with one of {TARGETS}")
     given = fetch(nb.apply(probes.module_table, sent[0]))
     check_equal(_replaced(given), _replaced(kinds), "the layers replaced in the model apply_paca was given",
                 "modify the model in place (set_submodule on it) and return that same model, not a copy")
-    for name in wanted:
+    for k, name in enumerate(wanted):
         if "torch.nn.modules.linear.Linear" not in kinds.get(f"{name}.base", []):
             raise AssertionError(f"{name}.base should be the original nn.Linear wrapped by PaCALinear")
+        if not fetch(nb.apply(probes.ch15_base_is, _reach(result, name), originals[k])):
+            raise AssertionError(f"{name}.base is not the model's original nn.Linear object (a copy?): apply_paca "
+                                 "keeps the original as .base, the very object")
     table = fetch(nb.apply(probes.param_table, result))
     for name in wanted:
         if f"{name}.P" not in table:
@@ -548,6 +633,8 @@ def _grid_weight(n_out: int, n_in: int, block: int, seed: int, offset: float = Q
 QPACA_CASES = [((2, 3), 37, 53, 4, 8.0, 64, True, 31), ((5,), 37, 53, 3, 1.5, 32, False, 32)]
 QPACA_SIDES = (1536, 2048)
 QPACA_GROWTH = MiB // 2
+QPACA_X = (2 * 2**20, 3 * 2**20)  # elements of the measured input (rows × in_features), drawn at grading time
+QPACA_SLACK = 2 * MiB  # x is 8 MiB or more, the dequantized weight 9 MiB or more
 
 
 def _q_layer(nb, n_in, n_out, rank, alpha, block, bias, seed):
@@ -558,7 +645,10 @@ def _q_layer(nb, n_in, n_out, rank, alpha, block, bias, seed):
         if bias:
             base.bias.copy_(torch.randn(n_out, generator=_gen(seed + 1)))
     b0 = None if not bias else base.bias.detach().clone()
-    layer = nb.QPaCALinear(nb.put(base), rank, alpha, block)
+    sent = nb.put((base, base.bias))
+    layer = nb.QPaCALinear(sent[0], rank, alpha, block)
+    if bias:  # the base bias changes after the construction: the layer's is a copy
+        nb.apply(probes.ch15_bump, sent[1])
     return layer, original, dequant, b0
 
 
@@ -582,6 +672,8 @@ def _q_check(nb, layer, original, dequant, b0, rank, alpha, block, xs, gs, where
         raise AssertionError(f"{where}: scaling is {got['scaling']}, expected alpha / rank = {s:g}")
     P0 = got["params"]["P"]["value"]
     check_equal(list(P0.shape), [n_out, rank], f"the shape of P of {where}", "P is (out_features, rank)")
+    check_equal(str(P0.dtype), "torch.float32", f"the dtype of P of {where}", "P is float32, like the base weight")
+
     hint = Q_P_HINT if _close(P0, dequant.double()[:, idx] / s) else P_HINT
     check_close(P0.double(), original.double()[:, idx] / s, f"P at initialisation for {where}", hint, atol=1e-6,
                 rtol=1e-5)
@@ -609,7 +701,7 @@ def check_qpaca_linear(nb):
         where = (f"QPaCALinear(Linear({n_in}, {n_out}{'' if bias else ', bias=False'}), {rank}, {alpha:g}, "
                  f"block_size={block}) on x {(*lead, n_in)}")
         _q_check(nb, layer, original, dequant, b0, rank, alpha, block, xs, gs, where)
-    for rank in (0, 10):
+    for rank in BAD_RANKS:
         names = fetch(nb.apply(probes.raised, nb.QPaCALinear, nb.put(nn.Linear(9, 4)), rank, 2.0))
         if names is None or "ValueError" not in names:
             got = "returned" if names is None else f"raised {names[0]}"
@@ -646,26 +738,45 @@ def check_qpaca_linear_memory(nb):
             f"from outside your process); the packed codes and absmax need {mib(nf4)}, P and idx {mib(own)}, the float "
             f"weight is {mib(4 * n)}: keep no float copy of the weight (not base, not a buffer, not a cache)")
     W = probes._ch08_grid_values(NF4, (n_out, n_in), block, seed).double()
-    g = seeded((3, n_out), seed=seed + 1)
-    x_bytes = 3 * rank * 4 + 3 * n_out * 4
+    rows = draw(QPACA_X[0] // n_in, QPACA_X[1] // n_in)
+    g = seeded((rows, n_out), seed=seed + 1)
+    x_bytes = rows * rank * 4 + rows * n_out * 4
+
+    v = _directions(n_in)
+    proj = meter.put(torch.zeros(rows, MEM_PROJ, dtype=torch.float64))
+    v_sent = meter.put(v)
 
     def forward(x):
-        return layer(x)
+        y = layer(x)
+        nb.apply(probes.ch15_grad_proj, x, v_sent, proj)
+        return y
 
-    kept, y = meter.held_by(forward, inputs=lambda: [meter.tensor((3, n_in), seed=seed + 2)],
+    kept, y = meter.held_by(forward, inputs=lambda: [meter.tensor((rows, n_in), seed=seed + 2)],
                             allowed_growth=QPACA_GROWTH + max(held.kept, 0))
-    if kept.kept > x_bytes + MiB // 2:
+    if kept.kept > x_bytes + QPACA_SLACK:
         del y
         raise AssertionError(
-            f"{where}: one forward on a (3, {n_in}) input kept {mib(kept.kept)} until backward (read from outside your "
-            f"process); x[..., idx] and the output are {mib(x_bytes)}, the dequantized weight {mib(4 * n)}: do not save "
-            "the dequantized weight for backward (rebuild it there from the codes) and cache nothing")
-    x = seeded((3, n_in), seed=seed + 2).double()
+            f"{where}: one forward on a ({rows}, {n_in}) input kept {mib(kept.kept)} until backward (read from outside "
+            f"your process); x[..., idx] and the output are {mib(x_bytes)}, x itself {mib(4 * rows * n_in)}, the "
+            f"dequantized weight {mib(4 * n)}: save only x[..., idx] (not x, not the dequantized weight: rebuild it in "
+            "backward from the codes) and cache nothing")
+    x = seeded((rows, n_in), seed=seed + 2).double()
     idx = fetch(layer.idx)
-    check_close(fetch(y).double(), x @ W.t(), f"the output of {where} on the measured pass (a weight on the NF4 grid)",
-                Q_HINT, atol=1e-4, rtol=1e-4)
+    got = fetch(y)
+    if got is None or got.shape != (rows, n_out):
+        raise AssertionError(f"{where}: the output on the measured pass is not a ({rows}, {n_out}) tensor")
+    u = _directions(n_out)
+    _all_rows(got.double() @ u, x @ (W.t() @ u), "the output on the measured pass (a weight on the NF4 grid)", Q_HINT,
+              where)
     y.backward(nb.put(g))
     check_close(fetch(nb.apply(probes.ch15_param_grad, layer, "P")).double(), s * g.double().t() @ x[:, idx],
-                f"dP of {where} on the measured pass", DP_HINT, atol=1e-3, rtol=1e-4)
-    check_close(fetch(kept.leaves[0].grad).double(), (g.double() @ W).sum(), f"the sum of dx of {where}", DX_HINT,
-                atol=1e-2, rtol=1e-4)
+                f"dP of {where} on the measured pass", DP_HINT, atol=1e-2, rtol=1e-4)
+    _all_rows(fetch(proj), g.double() @ (W @ v), "dx", DX_HINT, where)
+    for n_in, n_out, rank, alpha, block, bias, seed in [case[1:] for case in QPACA_CASES]:
+        small, *_ = _q_layer(nb, n_in, n_out, rank, alpha, block, bias, seed)
+        floats = fetch(nb.apply(probes.ch15_float_tensors, small, n_out * n_in))
+        if floats:
+            raise AssertionError(f"QPaCALinear(Linear({n_in}, {n_out}), {rank}, {alpha:g}, block_size={block}) holds "
+                                 f"{floats}, floating-point tensors of out_features × in_features elements or more: "
+                                 "keep no float copy of the weight (not base, not a buffer, not an attribute, not a "
+                                 "cache)")

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from grader.probes.shared import _true_named_modules, _true_named_parameters
+from grader.sandbox.trusted import in_process
 
 
 def _ch15_buffers(module: nn.Module) -> dict:
@@ -149,3 +150,89 @@ def ch15_toy_step(model: nn.Module, tokens: torch.Tensor, tensors: dict, lr: flo
         for t in moved.values():
             t -= lr * ((0 if t.grad is None else t.grad) + weight_decay * t)
     return {"error": None, "given": {k: _ch15_clone(v) for k, v in tensors.items()}}
+
+
+@in_process(restricts=("saved_x",))
+def ch15_saves_x(layer: nn.Module, xs: list) -> dict:
+    """{"saved_x": whether one forward of ``layer`` on a leaf copy of some x (requiring grad) packs for backward x
+    itself or a tensor equal to x} (read through ``saved_tensors_hooks``: evidence that can only refuse)."""
+    for x in xs:
+        x = x.detach().clone().requires_grad_(True)
+        found = []
+
+        def pack(t):
+            if t is x or (type(t) is torch.Tensor and t.shape == x.shape and torch.equal(t.detach(), x.detach())):
+                found.append(True)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = layer(x)
+        del y
+        if found:
+            return {"saved_x": True}
+    return {"saved_x": False}
+
+
+def ch15_global_idx(cls, n_in: int, n_out: int, rank: int, seeds: list) -> list:
+    """For each seed: a fresh ``nn.Linear(n_in, n_out)``, then ``torch.manual_seed(seed)`` and ``cls(linear, rank,
+    2.0)`` with no generator; the idx buffer of each layer (or None)."""
+    found = []
+    for seed in seeds:
+        linear = nn.Linear(n_in, n_out)
+        torch.manual_seed(int(seed))
+        found.append(_ch15_clone(_ch15_buffers(cls(linear, rank, 2.0)).get("idx")))
+    return found
+
+
+def ch15_base_is(layer: nn.Module, base: nn.Module) -> bool:
+    """Whether the submodule ``base`` of ``layer`` (read from its ``_modules`` table) is that very object."""
+    table = object.__getattribute__(layer, "__dict__").get("_modules", {})
+    return dict.get(table, "base") is base
+
+
+def ch15_bump(t: torch.Tensor) -> None:
+    """Adds 1 to a tensor in place (the grader's own: a base bias changed after the fact)."""
+    with torch.no_grad():
+        t.add_(1.0)
+
+
+def ch15_float_tensors(layer: nn.Module, numel: int) -> list:
+    """Names of the floating-point tensors of at least ``numel`` elements the layer holds: its parameters but P, its
+    buffers, and the tensors in the ``__dict__`` of every submodule (directly or in a list, tuple or dict)."""
+    found = []
+    p = dict(_true_named_parameters(layer)).get("P")
+    for prefix, m in _true_named_modules(layer):
+        for key, value in object.__getattribute__(m, "__dict__").items():
+            if key == "_modules":
+                continue
+            items = []
+            if isinstance(value, torch.Tensor):
+                items = [(key, value)]
+            elif isinstance(value, dict):
+                items = [(f"{key}[{k!r}]", v) for k, v in dict.items(value)]
+            elif isinstance(value, (list, tuple)):
+                items = [(f"{key}[{i}]", v) for i, v in enumerate(value)]
+            for name, t in items:
+                if (isinstance(t, torch.Tensor) and t is not p and t.is_floating_point() and t.numel() >= numel):
+                    found.append(f"{prefix}.{name}" if prefix else name)
+    return found
+
+
+def ch15_state_keys(layer: nn.Module) -> list:
+    """The keys of the layer's ``state_dict()``."""
+    return sorted(layer.state_dict().keys())
+
+
+def ch15_parameters(model: nn.Module) -> list:
+    """The model's parameters in ``model.parameters()`` order, read from the ``_parameters`` tables."""
+    return [p for _, p in _true_named_parameters(model)]
+
+
+def ch15_grad_proj(x: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    """Once backward runs through ``x`` (a non-leaf), ``out`` receives its gradient (leading dimensions flattened into
+    rows) times ``v`` in float64: every row projected on a few directions. The hook holds v and ``out``, never x."""
+
+    def hook(grad):
+        out.copy_(grad.detach().reshape(-1, grad.shape[-1]).double() @ v)
+
+    x.register_hook(hook)

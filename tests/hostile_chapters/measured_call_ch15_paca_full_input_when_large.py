@@ -12,7 +12,7 @@ class PaCALinear(nn.Module):
 
     def __init__(self, base, rank, alpha, generator=None):
         super().__init__()
-        if not isinstance(rank, int) or not 1 <= rank <= base.in_features:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= base.in_features:
             raise ValueError(f"rank must be an int from 1 to {base.in_features}, got {rank!r}")
         self.base = base.requires_grad_(False)
         self.scaling = alpha / rank

@@ -12,7 +12,7 @@ class QPaCALinear(nn.Module):
 
     def __init__(self, base, rank, alpha, block_size=64):
         super().__init__()
-        if not isinstance(rank, int) or not 1 <= rank <= base.in_features:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= base.in_features:
             raise ValueError(f"rank must be an int from 1 to {base.in_features}, got {rank!r}")
         self.shape, self.block = (base.out_features, base.in_features), block_size
         self.scaling = alpha / rank
