@@ -103,7 +103,8 @@ class DropBP(nn.Module):
 
     Args:
         sublayer: an nn.Module mapping x to a tensor of x's shape (e.g. nn.Sequential(ln, attn)).
-        p: the drop rate, a number in [0, 1]; kept as the attribute ``p`` (it may be changed between steps).
+        p: the drop rate, a number in [0, 1]; kept as the attribute ``p`` (it may be changed between steps:
+            each forward reads self.p).
         generator: a torch.Generator for the decisions, or None for torch's global generator; kept as
             the attribute ``generator``.
 
@@ -122,22 +123,30 @@ class DropBP(nn.Module):
         In eval mode: never dropped and no draw; x + sublayer(x) with ordinary autograd.
 
     Raises:
-        ValueError: if p is not a number in [0, 1].
+        ValueError: if p is not a number in [0, 1] (NaN or None included).
 
     test_DropBP grades the forward values, the decisions (replayed from the generator's seed over a sequence
-    of training- and eval-mode forwards, force True and False among them, and one forward with generator None
-    after torch.manual_seed), the input gradient and the sublayer's parameter gradients (None when dropped);
+    of training- and eval-mode forwards, force None, True and False in both modes, p changed between two
+    forwards, and forwards with generator None after torch.manual_seed), the generator's state after every
+    forward (exactly one draw per training-mode forward with force None, at every p, 0 and 1 included; none
+    otherwise), the input gradient and the sublayer's parameter gradients (None when dropped);
     test_DropBP_memory reads from outside your process what a dropped forward holds; test_DropBP_errors the
-    error. Graded on float32 inputs (2-D and 3-D) with sublayers made of torch modules (LayerNorm, Linear, GELU,
-    the notebook's own TinyGPT attention and MLP), p 0, 1 and values drawn at grading time.
+    errors (p outside [0, 1], NaN, None). Graded on float32 inputs (2-D and 3-D, shapes and
+    widths drawn at grading time, one input of 2^20 to 1.25 × 2^20 elements kept and dropped) with sublayers made of
+    torch modules (LayerNorm, Linear, GELU, the notebook's own TinyGPT attention and MLP), p 0, 1 and values
+    drawn at grading time.
     test_DropBP_memory reads, from outside your process, two training-mode forwards of a dropped sublayer
     (p from 0.2 to 0.8 with a generator, seeded at grading time, whose draw drops; and p from 0.2 to 0.8 with
     force True): the sublayer a chain of Linear(d, d) + GELU (3 or 4 pairs,
     d from 128 to 256), x 2-D of (4 × 2^20 to 6 × 2^20 elements) / d rows, made for the call, sizes drawn at
     grading time.
     At its peak the forward may hold at most three times x plus 3 MiB beyond what it held before, and once it
-    returned at most the output plus 3 MiB; the output's values, x's gradient and the parameters' gradients
-    (None) of that very call are checked. Each graded cell runs within 60 s and 4 GiB.
+    returned at most the output plus 3 MiB; the output's values, ``dropped`` (True), the generator's state (one
+    draw for the random decision, none for the forced one), x's gradient and the parameters' gradients (None) of
+    that very call are checked. The same cell also runs a dropped forward (a random decision, then force True)
+    on a small input under a saved-tensors hook in your process that counts the tensors saved for backward:
+    none may be (it can only take the point away).
+    Each graded cell runs within 60 s and 4 GiB.
     """
 
     ### BEGIN SOLUTION
@@ -306,7 +315,8 @@ def choose_dropped(rates, average_rate: float, generator: torch.Generator | None
 
     test_choose_dropped replays your decisions from the generator's seed over two calls in a row on one
     generator (so exactly one draw of L numbers per call), with L from 1 to 16, rates with ties, and
-    average_rate 0, 1 and values between (drawn at grading time); test_choose_dropped_errors the errors.
+    average_rate 0, 1 and values between (drawn at grading time), and with generator None right after
+    torch.manual_seed (two seeds drawn at grading time); test_choose_dropped_errors the errors.
     Each graded cell runs within 60 s and 4 GiB.
     """
     ### BEGIN SOLUTION
@@ -489,9 +499,11 @@ def sensitivity(model: nn.Module, batch, loss_fn) -> list[float]:
     Raises:
         ValueError: if the model has no DropBP module.
 
-    test_sensitivity compares your values with the grader's float64 computation (relative tolerance 1e-3),
+    test_sensitivity compares your values with the grader's float64 computation (relative tolerance 2e-3),
     on models of 2 to 6 DropBP sublayers (LayerNorm, Linear, GELU) between a first and a last Linear, one of
-    them frozen, inputs and weights drawn at grading time, the DropBP modules at p = 0.5 with a generator;
+    them frozen, inputs and weights drawn at grading time, the DropBP modules at p = 0.5 with a generator,
+    directly in an nn.Sequential or nested in blocks (nn.Sequential inside nn.Sequential), with loss_fn
+    nn.CrossEntropyLoss() or nn.MSELoss() on float targets;
     test_sensitivity_edge_cases the state on return (a model in eval mode, forces set beforehand), one
     sublayer, and the error. Each graded cell runs within 60 s and 4 GiB.
     """
@@ -563,7 +575,9 @@ def allocate_drop_rates(sensitivity, flops, average_rate: float) -> list[float]:
     Returns:
         A list of L floats p_i = k_i / 10 (k_i an integer from 0 to 9). Start from every k_i = 0; while
         Σ f_i (1 − p_i) > (1 − average_rate) * sum(flops) + 1e-9 * sum(flops), raise by one step (0.1) the rate of
-        the sublayer with the smallest S_i * (0.1 + p_i) among those below 0.9 (ties: the lower index first).
+        the sublayer with the smallest S_i * (1 + k_i) among those below 0.9 (ties: the lower index first); this
+        is the order of S_i * (0.1 + p_i), and where two penalties are equal exactly but floating point rounds
+        them apart, either choice is accepted.
         If every sublayer is at 0.9 first, return them all at 0.9.
 
     Raises:

@@ -9,7 +9,7 @@ class DropBP(nn.Module):
 
     def __init__(self, sublayer, p, generator=None):
         super().__init__()
-        if type(p) not in (int, float) or p < 0 or p > 1:
+        if type(p) not in (int, float) or not 0 <= p <= 1:  # NaN fails both comparisons
             raise ValueError(f"p must be a number in [0, 1], not {p!r}")
         self.sublayer = sublayer
         self.p = p

@@ -63,30 +63,45 @@ def test_second_correct_implementation_passes():
 
 # --- wrong answers, one property broken at a time ---------------------------------------------------------------------
 def make_dropbp(drop_residual=False, rescale=False, skip_under_no_grad=False, zero_hook=False, eval_drops=False,
-                decide_after=False, detach_form=False, draw_when_forced=False, check=True, no_dropped_attr=False):
+                decide_after=False, detach_form=False, draw_when_forced=False, check=True, no_dropped_attr=False,
+                range_only=False, large_drops=False, literal_shapes=False, no_draw_at_ends=False, eval_force=False,
+                p_frozen=False, chunked=False):
     class DropBP(nn.Module):
         def __init__(self, sublayer, p, generator=None):
             super().__init__()
-            if check and not 0 <= p <= 1:
+            if range_only:
+                if p < 0 or p > 1:  # NaN passes, None raises TypeError
+                    raise ValueError("p must lie in [0, 1]")
+            elif check and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p <= 1):
                 raise ValueError("p must lie in [0, 1]")
-            self.sublayer, self.p, self.generator = sublayer, float(p), generator
+            self.sublayer, self.p, self.generator = sublayer, p if range_only else float(p), generator
+            self._p = self.p  # p_frozen reads this one
             self.force, self.dropped = None, False
 
-        def _decide(self):
-            if not self.training and not eval_drops:
+        def _decide(self, x):
+            if not self.training:
+                return bool(self.force) if eval_force and self.force is not None else eval_drops and \
+                    bool(torch.rand((), generator=self.generator) < self.p)
+            if large_drops and x.numel() >= 2**20:
+                return True
+            p = self._p if p_frozen else self.p
+            if self.force is None and no_draw_at_ends and p in (0.0, 1.0):
+                return p == 1.0
+            if self.force is None and literal_shapes and tuple(x.shape) not in LITERAL_SHAPES:
+                torch.rand((), generator=self.generator)
                 return False
             if self.force is None or draw_when_forced:
-                drawn = bool(torch.rand((), generator=self.generator) < self.p)
+                drawn = bool(torch.rand((), generator=self.generator) < p)
                 return drawn if self.force is None else bool(self.force)
             return bool(self.force)
 
         def forward(self, x):
             if decide_after or detach_form:
                 out = self.sublayer(x)
-                drop = self._decide()
+                drop = self._decide(x)
                 self._record(drop)
                 return x + (out.detach() if drop else out)
-            drop = self._decide()
+            drop = self._decide(x)
             self._record(drop)
             if not drop:
                 out = self.sublayer(x)
@@ -101,6 +116,12 @@ def make_dropbp(drop_residual=False, rescale=False, skip_under_no_grad=False, ze
                 for p in self.sublayer.parameters():
                     p.register_hook(lambda g: torch.zeros_like(g))
                 return x + out
+            if chunked:  # a graph per row chunk, detached: the peak stays low, tensors are saved all the same
+                xd, out = x.detach(), torch.empty_like(x)
+                step = max(1, 2**16 // max(1, xd[0].numel()))
+                for i in range(0, xd.shape[0], step):
+                    out[i:i + step] = self.sublayer(xd[i:i + step]).detach()
+                return x + out
             with torch.no_grad():
                 out = self.sublayer(x)
             return x + out
@@ -113,8 +134,10 @@ def make_dropbp(drop_residual=False, rescale=False, skip_under_no_grad=False, ze
 
 
 def make_choose(no_forcing=False, lowest_first=False, higher_index_on_ties=False, exact_ceil=False, check=True,
-                per_layer_draws=False):
+                per_layer_draws=False, own_default=False):
     def choose_dropped(rates, average_rate, generator):
+        if own_default and generator is None:
+            generator = torch.Generator()  # a fresh default-seeded generator, not torch's global one
         rates = [float(r) for r in rates]
         if check and (not rates or any(not 0 <= r <= 1 for r in rates) or not 0 <= average_rate <= 1):
             raise ValueError("bad arguments")
@@ -142,11 +165,13 @@ def make_choose(no_forcing=False, lowest_first=False, higher_index_on_ties=False
 
 
 def make_sensitivity(squared_norms=False, no_forcing=False, all_but_i=False, accumulate=False, no_train=False,
-                     no_restore=False, check=True, abs_diff=False):
+                     no_restore=False, check=True, abs_diff=False, children_only=False, fixed_loss=False):
     def sensitivity(model, batch, loss_fn):
         DropBP = SCOPE_DROPBP[0]
         inputs, targets = batch
-        layers = [m for m in model.modules() if isinstance(m, DropBP)]
+        if fixed_loss:
+            loss_fn = F.cross_entropy
+        layers = [m for m in (model.children() if children_only else model.modules()) if isinstance(m, DropBP)]
         if check and not layers:
             raise ValueError("no DropBP module")
         params = [p for p in model.parameters() if p.requires_grad]
@@ -182,6 +207,7 @@ def make_sensitivity(squared_norms=False, no_forcing=False, all_but_i=False, acc
 
 
 SCOPE_DROPBP = [CORRECT["DropBP"]]
+LITERAL_SHAPES = {(37, 13), (2, 5, 8), (2, 7, 32), (3, 16, 32), (4, 6), (5, 9), (4, 8)}  # the old fixed shapes
 
 
 def make_allocate(most_sensitive_first=False, count_layers=False, no_cap=False, step=0.1, higher_index_on_ties=False,
@@ -249,6 +275,20 @@ CONTRACT = [
            ("test_DropBP_memory",), _drop(detach_form=True), KEPT, label="detach-after-run"),
     Clause("DropBP", "ValueError: if p is not a number in [0, 1]", ("test_DropBP_errors",), _drop(check=False),
            "ValueError"),
+    Clause("DropBP", "(NaN or None included)", ("test_DropBP_errors",), _drop(range_only=True),
+           "NaN or None", label="nan-accepted"),
+    Clause("DropBP", "one input of 2^20 to 1.25 × 2^20 elements kept and dropped", ("test_DropBP",),
+           _drop(large_drops=True), "dropped is", label="large-inputs-always-dropped"),
+    Clause("DropBP", "shapes and widths drawn at grading time", ("test_DropBP",), _drop(literal_shapes=True),
+           "dropped is", label="honest-on-fixed-shapes-only"),
+    Clause("DropBP", "at every p, 0 and 1 included", ("test_DropBP",), _drop(no_draw_at_ends=True),
+           "generator's state", label="no-draw-at-p-0-and-1"),
+    Clause("DropBP", "force None, True and False in both modes", ("test_DropBP",), _drop(eval_force=True),
+           "eval mode", label="force-obeyed-in-eval"),
+    Clause("DropBP", "each forward reads self.p", ("test_DropBP",), _drop(p_frozen=True), "dropped is|generator's state",
+           label="p-frozen-at-construction"),
+    Clause("DropBP", "counts the tensors saved for backward", ("test_DropBP_memory",), _drop(chunked=True),
+           "saved for backward", label="graph-built-in-chunks"),
     Clause("choose_dropped", "while fewer than math.ceil(average_rate * L - 1e-9) drop", ("test_choose_dropped",),
            _choose(no_forcing=True), "at least", label="no-forcing"),
     Clause("choose_dropped", "the sublayer with the highest rate among those not dropped yet is forced",
@@ -259,6 +299,8 @@ CONTRACT = [
            "math.ceil", label="ceil-without-tolerance"),
     Clause("choose_dropped", "Exactly one draw, u = torch.rand(L, generator=generator)", ("test_choose_dropped",),
            _choose(per_layer_draws=True), "one draw", label="extra-draws"),
+    Clause("choose_dropped", "with generator None right after torch.manual_seed", ("test_choose_dropped",),
+           _choose(own_default=True), "global generator", label="fresh-generator-for-none"),
     Clause("choose_dropped", "ValueError: if rates is empty or a rate or average_rate lies outside [0, 1]",
            ("test_choose_dropped_errors",), _choose(check=False), "ValueError"),
     Clause("sensitivity", "o_k is the L2 norm of the gradient of parameter tensor k", ("test_sensitivity",),
@@ -271,13 +313,18 @@ CONTRACT = [
            "only sublayer i", label="all-but-i-dropped"),
     Clause("sensitivity", "Each backward starts from .grad = None", ("test_sensitivity",), _sens(accumulate=True),
            "None before each backward", label="gradients-accumulate"),
+    Clause("sensitivity", "nested in blocks", ("test_sensitivity",), _sens(children_only=True, check=False),
+           "a list of",
+           label="top-level-modules-only"),
+    Clause("sensitivity", "nn.MSELoss() on float targets", ("test_sensitivity",), _sens(fixed_loss=True),
+           "S_i|Error", label="loss-fn-ignored"),
     Clause("sensitivity", "The model runs in training mode during the call", ("test_sensitivity_edge_cases",),
            _sens(no_train=True), "training mode", label="eval-model-stays-eval"),
     Clause("sensitivity", "every DropBP module's force is what it was before the call",
            ("test_sensitivity_edge_cases",), _sens(no_restore=True), "what it was before", label="state-not-restored"),
     Clause("sensitivity", "ValueError: if the model has no DropBP module", ("test_sensitivity_edge_cases",),
            _sens(check=False), "ValueError"),
-    Clause("allocate_drop_rates", "the smallest S_i * (0.1 + p_i)", ("test_allocate_drop_rates",),
+    Clause("allocate_drop_rates", "the smallest S_i * (1 + k_i)", ("test_allocate_drop_rates",),
            _alloc(most_sensitive_first=True), "smallest", label="most-sensitive-first"),
     Clause("allocate_drop_rates", "S_i * (0.1 + p_i)", ("test_allocate_drop_rates",), _alloc(no_penalty=True),
            "smallest", label="no-penalty"),

@@ -79,7 +79,7 @@ class DropBP(nn.Module):
     """Wrong: runs the sublayer with autograd, then detaches its output when dropped (the graph is built)."""
 
     def __init__(self, sublayer, p, generator=None):
-        if p < 0 or p > 1:
+        if not isinstance(p, (int, float)) or not 0 <= p <= 1:
             raise ValueError(f"p={p} is outside [0, 1]")
         super().__init__()
         self.sublayer = sublayer

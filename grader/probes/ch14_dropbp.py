@@ -27,21 +27,35 @@ def ch14_set(obj, name: str, value) -> None:
     setattr(obj, name, value)
 
 
+def _ch14_state(gen) -> torch.Tensor:
+    return (gen.get_state() if isinstance(gen, torch.Generator) else torch.get_rng_state()).clone()
+
+
 def ch14_run(module: nn.Module, sublayer: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, training: bool,
-             global_seed: int | None = None) -> dict:
+             global_seed: int | None = None, gen: torch.Generator | None = None) -> dict:
     """Put ``module`` in training or eval mode (nn.Module.train), zero the sublayer's gradients (None), run
     ``y = module(x_leaf)`` on a leaf copy of x requiring grad (with ``global_seed``, torch.manual_seed(global_seed)
-    right before the call), then ``y.backward(grad_out)``. Reports "type", "y", "dropped" (the module's attribute,
-    if a bool), "attached", "error", "dx" and "grads" of the sublayer's parameters."""
+    right before the call) under a saved-tensors hook that counts the tensors packed for backward, then
+    ``y.backward(grad_out)``. Reports "type", "y", "dropped" (the module's attribute, if a bool), "packed",
+    "attached", "error", "dx", "grads" of the sublayer's parameters and "state", the state of ``gen`` (torch's
+    global generator when ``gen`` is None) after the call."""
     nn.Module.train(module, training)
     for _, p in _true_named_parameters(sublayer):
         p.grad = None
     x = x.detach().clone().requires_grad_(True)
     if global_seed is not None:
         torch.manual_seed(int(global_seed))
-    y = module(x)
+    packed = [0]
+
+    def pack(t):
+        packed[0] += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = module(x)
     dropped = getattr(module, "dropped", None)
-    out = {"dropped": dropped if isinstance(dropped, bool) else repr(dropped)[:50]}
+    out = {"dropped": dropped if isinstance(dropped, bool) else repr(dropped)[:50], "packed": packed[0],
+           "state": _ch14_state(gen)}
     if not isinstance(y, torch.Tensor):
         out.update(type=type(y).__name__, y=None)
         return out
@@ -54,6 +68,18 @@ def ch14_run(module: nn.Module, sublayer: nn.Module, x: torch.Tensor, grad_out: 
             return out
     out.update(dx=_ch14_grad(x), grads={name: _ch14_grad(p) for name, p in _true_named_parameters(sublayer)})
     return out
+
+
+def ch14_after(module: nn.Module, gen: torch.Generator | None) -> dict:
+    """The module's ``dropped`` attribute (if a bool) and the state of ``gen`` (torch's global generator if None)."""
+    dropped = getattr(module, "dropped", None)
+    return {"dropped": dropped if isinstance(dropped, bool) else repr(dropped)[:50], "state": _ch14_state(gen)}
+
+
+def ch14_seeded(fn, seed: int, *args):
+    """``torch.manual_seed(seed)``, then ``fn(*args)``."""
+    torch.manual_seed(int(seed))
+    return fn(*args)
 
 
 def ch14_rows(y: torch.Tensor, rows: torch.Tensor) -> dict:
