@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from grader.probes.shared import _true_named_parameters
+from grader.sandbox.trusted import in_process
 
 
 def _ch14_error(e: BaseException) -> dict:
@@ -31,6 +32,7 @@ def _ch14_state(gen) -> torch.Tensor:
     return (gen.get_state() if isinstance(gen, torch.Generator) else torch.get_rng_state()).clone()
 
 
+@in_process(restricts=("packed",))
 def ch14_run(module: nn.Module, sublayer: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, training: bool,
              global_seed: int | None = None, gen: torch.Generator | None = None) -> dict:
     """Put ``module`` in training or eval mode (nn.Module.train), zero the sublayer's gradients (None), run
