@@ -193,6 +193,24 @@ class _Effects(ast.NodeVisitor):
             self.writes |= names
 
 
+def _cell_effects(sources: list[str]):
+    """(source, parsed tree, _Effects) per cell, in order, with the notebook's functions carried from
+    cell to cell; tree and effects are None for a cell that does not parse."""
+    functions: dict[str, set[str]] = {}
+    imported: set[str] = set()
+    for src in sources:
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            yield src, None, None
+            continue
+        e = _Effects(functions, imported)
+        for stmt in tree.body:
+            e.visit(stmt)
+        functions.update(e.defined)
+        yield src, tree, e
+
+
 def needed_cells(sources: list[str], keep: list[bool]) -> list[bool | str]:
     """Which code cells to run so that the cells marked in ``keep`` see what they would see
     after running every cell: True (run it), or the source of its top-level imports (run
@@ -204,22 +222,14 @@ def needed_cells(sources: list[str], keep: list[bool]) -> list[bool | str]:
     or calling a notebook function whose body does one of these to a global. Imports are cheap
     and always kept. A cell that does not parse runs.
     """
-    functions: dict[str, set[str]] = {}
-    imported: set[str] = set()
     effects = []
-    for src in sources:
-        try:
-            tree = ast.parse(src)
-        except SyntaxError:
+    for src, tree, e in _cell_effects(sources):
+        if e is None:
             effects.append(None)
             continue
-        e = _Effects(functions, imported)
         imports = [stmt for stmt in tree.body if isinstance(stmt, (ast.Import, ast.ImportFrom))]
-        for stmt in tree.body:
-            e.visit(stmt)
         for stmt in imports:  # kept in any case, so they need no cell
             e.writes -= {(a.asname or a.name).split(".")[0] for a in stmt.names}
-        functions.update(e.defined)
         effects.append((e, "\n".join(ast.get_source_segment(src, stmt) for stmt in imports)))
     needed, result = set(), [""] * len(sources)
     for i in range(len(sources) - 1, -1, -1):
@@ -244,16 +254,10 @@ def unbound_names(sources: list[str]) -> set[str]:
 
     A dashboard runs a slice of its chapter; a name bound only in a cell it leaves out (a
     graded test cell, say) would fail there with a NameError, so ``dashboard`` refuses it."""
-    functions: dict[str, set[str]] = {}
     reads, bound = set(), set()
-    for src in sources:
-        try:
-            tree = ast.parse(src)
-        except SyntaxError:
+    for _, _, e in _cell_effects(sources):
+        if e is None:
             continue
-        e = _Effects(functions, set())
-        e.visit(tree)
-        functions.update(e.defined)
         reads |= e.reads
         bound |= e.bound | e.writes | e.imported | e.globals
     return reads - bound - _PROVIDED
