@@ -51,16 +51,20 @@ _ENCODE_CHUNK = 1 << 20  # values quantized at once by nf4_encode (bounds its fl
 
 
 # --- NF4 levels and encoder ----------------------------------------------------------------------------
+# The 16 NF4 levels of QLoRA (Dettmers et al. 2023, Appendix E): normal quantiles scaled to [-1, 1], as float32.
+# Chapter 8 derives them; this module takes them as the published constants (each literal is a float32 exactly).
+_NF4_TABLE = (
+    -1.0, -0.6961928009986877, -0.5250729322433472, -0.39491742849349976,
+    -0.2844413220882416, -0.18477340042591095, -0.09104997664690018, 0.0,
+    0.07958031445741653, 0.16093014180660248, 0.24611225724220276, 0.3379151225090027,
+    0.4407097399234772, 0.5626168847084045, 0.722956657409668, 1.0,
+)
+
+
 @functools.lru_cache(maxsize=None)
 def _levels(device: str = "cpu") -> torch.Tensor:
-    """The levels on ``device``, computed once (the decoders read them from there without a copy per call)."""
-    if device != "cpu":
-        return _levels().to(device)
-    delta = 1 - 0.5 * (1 / 32 + 1 / 30)  # the extreme quantile (QLoRA, Appendix E)
-    positive = torch.special.ndtri(torch.linspace(delta, 0.5, 9, dtype=torch.float64)[:-1])
-    negative = -torch.special.ndtri(torch.linspace(delta, 0.5, 8, dtype=torch.float64)[:-1])
-    values = torch.cat([positive, torch.zeros(1, dtype=torch.float64), negative]).sort().values
-    return (values / values.abs().max()).float()
+    """The levels on ``device``, built once (the decoders read them from there without a copy per call)."""
+    return torch.tensor(_NF4_TABLE, dtype=torch.float32, device=device)
 
 
 def nf4_levels() -> torch.Tensor:

@@ -734,10 +734,10 @@ class QLoRABaseline(nn.Module):
     def __init__(self, base, rank, alpha, block_size=64):
         super().__init__()
         self.shape, self.block_size = (base.out_features, base.in_features), block_size
-        packed, absmax = nf4_encode(base.weight.detach(), block_size)
-        self.register_buffer("weight_packed", packed)
-        self.register_buffer("weight_absmax", absmax)
-        self.register_buffer("no_columns", torch.zeros(0, dtype=torch.long))
+        codes = nf4_encode(base.weight.detach(), block_size)  # (packed codes, block absmax)
+        for name, value in zip(("weight_packed", "weight_absmax", "no_columns"),
+                               (*codes, torch.zeros(0, dtype=torch.long))):
+            self.register_buffer(name, value)
         self.bias = nn.Parameter(base.bias.detach().clone(), requires_grad=False)
         self.down = nn.Linear(base.in_features, rank, bias=False)
         self.up = nn.Linear(rank, base.out_features, bias=False)

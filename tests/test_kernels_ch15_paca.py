@@ -5,6 +5,8 @@ On CPU the kernels run in Triton's interpreter (switched on by importing ``kerne
 that are not multiples of the launch block nor of the quantization block. GPU checks skip without CUDA.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -91,6 +93,13 @@ def test_nf4_levels():
     assert levels.shape == (16,) and (levels[1:] > levels[:-1]).all()
     assert levels[0] == -1 and levels[7] == 0 and levels[15] == 1
     assert abs(levels[8].item() - 0.07958029955625534) < 1e-7  # QLoRA's published table
+    # The shipped constants are QLoRA's recipe: normal quantiles up to 1 - (1/32 + 1/30) / 2, scaled to [-1, 1].
+    top = 1 - (1 / 32 + 1 / 30) / 2
+    quantile = lambda p: math.sqrt(2) * torch.erfinv(2 * p - 1)  # noqa: E731
+    pos = quantile(torch.linspace(0.5, top, 9, dtype=torch.float64))[1:]
+    neg = quantile(torch.linspace(0.5, top, 8, dtype=torch.float64))[1:]
+    want = torch.cat([-neg.flip(0) / neg.max(), torch.zeros(1, dtype=torch.float64), pos / pos.max()])
+    assert torch.allclose(levels.double(), want, rtol=0, atol=1e-7)
 
 
 def test_grad_p_flattened_tokens_and_empty_batch():
