@@ -1,4 +1,5 @@
-"""Command line: ``python -m grader {release,autograde,selfcheck,demo,time,bench}`` (run from the repository root)."""
+"""Command line: ``python -m grader {release,bundle,collect,autograde,report,selfcheck,demo,time,bench}`` (run from the
+repository root)."""
 from __future__ import annotations
 
 import argparse
@@ -12,6 +13,10 @@ def main(argv: list[str] | None = None) -> int:
 
     r = sub.add_parser("release", help="solutions/ -> course/*.ipynb (nbgrader generate_assignment)")
     r.add_argument("chapters", nargs="*", help="chapter ids (default: all)")
+
+    b = sub.add_parser("bundle", help="what students receive: notebooks, coursekit, kernels, data, `make lab`")
+    b.add_argument("out", type=Path, help="a new or empty folder, or an earlier bundle (replaced; its .git kept)")
+    b.add_argument("--zip", type=Path, default=None, help="also write this zip archive of the bundle")
 
     a = sub.add_parser("autograde", help="grade SUBMISSIONS/<student_id>/<chapter_id>/<chapter_id>.ipynb")
     a.add_argument("submissions", type=Path)
@@ -47,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
 
             for path in release(args.chapters or None):
                 print(f"wrote {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+            return 0
+        if args.command == "bundle":
+            from grader.bundle import build
+
+            files = build(args.out, zip_path=args.zip)
+            print(f"wrote {len(files)} files to {args.out}" + (f" and {args.zip}" if args.zip else ""))
             return 0
         if args.command == "autograde":
             if args.workers < 1:
