@@ -18,6 +18,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("out", type=Path, help="a new or empty folder, or an earlier bundle (replaced; its .git kept)")
     b.add_argument("--zip", type=Path, default=None, help="also write this zip archive of the bundle")
 
+    c = sub.add_parser("collect", help="a folder of downloaded notebooks -> OUT/<student_id>/<chapter_id>/<chapter_id>.ipynb")
+    c.add_argument("src", type=Path, help="<student>_<chapter>.ipynb, <student>/<chapter>.ipynb or Canvas's names")
+    c.add_argument("out", type=Path, help="the submissions folder that autograde reads (created if missing)")
+    c.add_argument("--replace", action="store_true", help="replace notebooks already collected in OUT with other content")
+
     a = sub.add_parser("autograde", help="grade SUBMISSIONS/<student_id>/<chapter_id>/<chapter_id>.ipynb")
     a.add_argument("submissions", type=Path)
     a.add_argument("--out", type=Path, required=True, help="writes grades.csv, feedback/, gradebook.db")
@@ -58,6 +63,18 @@ def main(argv: list[str] | None = None) -> int:
 
             files = build(args.out, zip_path=args.zip)
             print(f"wrote {len(files)} files to {args.out}" + (f" and {args.zip}" if args.zip else ""))
+            return 0
+        if args.command == "collect":
+            from grader.collect import collect, log_path
+
+            entries = collect(args.src, args.out, replace=args.replace)
+            for e in entries:
+                if e.status == "skipped" or e.reason:
+                    print(f"{e.status}: {e.path}: {e.reason}")
+            done = sum(e.status in ("collected", "replaced") for e in entries)
+            skipped = sum(e.status == "skipped" for e in entries)
+            print(f"collected {done} notebook(s) into {args.out}" + (f"; {skipped} file(s) not collected (listed above "
+                  f"and in {log_path(args.out)})" if skipped else ""))
             return 0
         if args.command == "autograde":
             if args.workers < 1:
