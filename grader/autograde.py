@@ -230,12 +230,11 @@ class GradebookWriter:
     """Scores into nbgrader's gradebook (SQLite by default, any SQLAlchemy URL works)."""
 
     def __init__(self, db_url: str, layouts: dict[str, Layout]):
-        from nbgrader.api import Gradebook
-
+        from grader.gradebook import SharedGradebook
         from grader.release import nbgrader_env
 
         nbgrader_env()
-        self.gb = Gradebook(db_url, course_id="efficient-training")
+        self.gb = SharedGradebook(db_url)  # other graders may write the same database at the same time
         for ch, lay in layouts.items():
             self.gb.update_or_create_assignment(ch)
             self.gb.update_or_create_notebook(ch, ch)
