@@ -12,12 +12,13 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # Jupyter refuses to run as root (containers, CI) unless told it may.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab lab-instructor demo test test-profile check release selfcheck bench checkpoints clean help
+.PHONY: lab lab-instructor demo demo-warm test test-profile check release selfcheck bench checkpoints clean help
 
 help:
 	@echo "make lab         open the course in JupyterLab (prints the URL; headless)"
 	@echo "make lab-instructor  JupyterLab with nbgrader's tools; solutions/*.py open as notebooks"
 	@echo "make demo        lecture dashboards: every chapter's slider demos (Voila; prints the URL)"
+	@echo "make demo-warm   measure every dashboard once before class, so that each opens in seconds"
 	@echo "make test        run the whole test suite (fast mode, $(WORKERS) workers); profile in build/test-profile.md"
 	@echo "make test-profile  the whole suite, then where its time went: per file, per chapter, fixed costs"
 	@echo "make check CHAPTER=ch04_partial_training  one chapter's tests (hidden checks, wrong and second answers,"
@@ -46,6 +47,11 @@ lab-instructor: $(STAMP)
 # Dashboards are generated from solutions/ into build/demo/ each time, then served by Voila.
 demo: $(STAMP)
 	$(BIN)/python -m grader demo --port=$(PORT)
+
+# Before class: every dashboard runs once and saves its measurements (build/demo/cache/), so that
+# each opens in seconds. CHAPTERS="ch01_lora ch04_partial_training" warms only those.
+demo-warm: $(STAMP)
+	$(BIN)/python -m grader demo --warm $(CHAPTERS)
 
 # One thread per test worker: the workers already fill the cores, and torch's own threads
 # competing with them make notebooks several times slower on a 2-core machine.

@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("chapters", nargs="*", help="chapter ids (default: all with a demo cell)")
     d.add_argument("--port", type=int, default=8866)
     d.add_argument("--build-only", action="store_true", help="write build/demo/ and exit")
+    d.add_argument("--warm", action="store_true",
+                   help="run each dashboard once and save its measurements, so that it opens in seconds "
+                        "(chapters already saved for this version are skipped), then exit")
+    d.add_argument("--force", action="store_true", help="with --warm: measure again even what is saved")
 
     t = sub.add_parser("time", help="wall time of each solved chapter, top to bottom (full mode)")
     t.add_argument("chapters", nargs="*", help="chapter ids (default: all)")
@@ -101,6 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "demo":
             from grader import demo
 
+            if args.force and not args.warm:
+                p.error("--force goes with --warm")
+            if args.warm:
+                from grader.demo_warm import warm
+
+                results = warm(args.chapters or None, force=args.force)
+                for r in results:
+                    print(f"{r.chapter:<24} {r.status:<8} {r.seconds:6.1f} s  {r.note}")
+                failed = [r.chapter for r in results if r.status == "failed"]
+                if failed:
+                    print(f"error: {len(failed)} dashboard(s) not saved: {', '.join(failed)}", file=sys.stderr)
+                return 1 if failed else 0
             if args.build_only:
                 for ch in demo.build(chapter_ids=args.chapters or None):
                     print(f"wrote {demo.BUILD / ch}.ipynb")

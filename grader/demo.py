@@ -9,7 +9,12 @@ time the server starts, so it never drifts from the chapter:
   demo shows, only how soon it appears); graded test cells never run;
 - only the demo cells are shown (their output: Voila strips all code), each under the
   markdown cell just before it, or under the nearest heading above it;
-- the other cells run hidden (tag ``hide``); an error in one is still shown, never swallowed.
+- the other cells run hidden (tag ``hide``); an error in one is still shown, never swallowed;
+- what the demo cells read is saved after the first full run (``coursekit.lecture_cache``, in
+  ``build/demo/cache/``, under a key of the chapter's source, the course's packages and their
+  versions, and fast mode): a later open loads it and skips the hidden cells, so that it is
+  interactive in seconds. ``python -m grader demo --warm`` (``make demo-warm``) fills the cache
+  before class (``grader.demo_warm``).
 
 Dashboards are written to ``build/demo/`` (ignored) with a Voila template, ``course-demo``:
 large type for a projector, no code, no CDN (widget JavaScript comes from the installed
@@ -19,8 +24,11 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
+import hashlib
 import html
 import os
+import platform
 import re
 import shutil
 import sys
@@ -28,11 +36,13 @@ from pathlib import Path
 
 import nbformat
 
+from coursekit.lecture_cache import SKIP_MARK
 from grader.notebooks import ROOT, chapters, check_chapter_id, is_demo, read_source
 
 BUILD = ROOT / "build" / "demo"
 TEMPLATE = "course-demo"
 TEMPLATE_SOURCE = Path(__file__).resolve().parent / "demo_template"
+VOILA_CONFIG = ROOT / "config" / "voila"
 HIDE_TAG = "hide"
 # First cell of every dashboard: projector-sized figures, no progress bars among the demos.
 LECTURE_SETUP = """\
@@ -40,6 +50,21 @@ import os
 os.environ["TQDM_DISABLE"] = "1"
 from coursekit.widgets import lecture_mode
 lecture_mode()"""
+
+CACHE_DIR = "cache"  # under the dashboards' folder, where their kernels run
+# What a saved measurement depends on besides its chapter: the course's packages and data, and
+# the versions of what computes and pickles it.
+KEY_SOURCES = ("coursekit", "kernels", "data")
+KEY_PACKAGES = ("torch", "numpy", "matplotlib", "scikit-learn", "cloudpickle", "ipywidgets")
+# Loads the saved measurements, if any (then the cells marked SKIP_MARK do not run).
+CACHE_LOAD = """\
+from coursekit import lecture_cache
+_lecture_cache_loaded = lecture_cache.load({path!r}, globals())"""
+# After a full run: save what the demo cells read; the names that could not be saved are printed.
+CACHE_SAVE = """\
+if not _lecture_cache_loaded:
+    print({marker!r}, lecture_cache.save({path!r}, {names!r}, globals()))"""
+SAVE_MARKER = "lecture-cache not saved:"
 
 _TITLE_RE = re.compile(r"^#\s+(?:Chapter\s+\d+\s+[—-]\s+)?(.+)$")
 _HEADING_RE = re.compile(r"^#{1,3}\s+\S")
@@ -263,6 +288,79 @@ def unbound_names(sources: list[str]) -> set[str]:
     return reads - bound - _PROVIDED
 
 
+def cache_key(chapter: str, src: nbformat.NotebookNode | None = None) -> str:
+    """What a chapter's saved measurements depend on, hashed: its cells (``src``, else read from
+    its source), every file of the course's packages and data, the versions of Python and the
+    packages that compute and pickle them, and fast mode (``COURSE_FAST``, which the dashboards'
+    kernels inherit)."""
+    src = src if src is not None else read_source(chapter, demo_tags=True)
+    h = hashlib.sha256()
+    for cell in src.cells:
+        h.update(f"{cell.cell_type}\0{cell.source}\0{sorted(cell.metadata.get('tags', []))}\0".encode())
+    h.update(_course_digest().encode())
+    h.update(cache_mode().encode())
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def _course_digest() -> str:
+    """The course's packages and data and the versions that compute and pickle measurements
+    (computed once per build: ``build`` clears it)."""
+    from importlib import metadata
+
+    h = hashlib.sha256()
+    for top in KEY_SOURCES:
+        for path in sorted((ROOT / top).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                h.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    versions = [platform.python_version()]
+    for package in KEY_PACKAGES:
+        try:
+            versions.append(f"{package}=={metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{package} missing")
+    h.update(" ".join(versions).encode())
+    return h.hexdigest()
+
+
+def cache_mode() -> str:
+    """"fast" or "full": the dashboards' kernels inherit COURSE_FAST from the server."""
+    return "fast" if os.environ.get("COURSE_FAST", "") not in ("", "0", "false", "False") else "full"
+
+
+def cache_file(chapter: str, src: nbformat.NotebookNode | None = None) -> str:
+    """The saved measurements' path, relative to the dashboards' folder."""
+    return f"{CACHE_DIR}/{chapter}-{cache_mode()}-{cache_key(chapter, src)}.pkl"
+
+
+def saved_names(sources: list[str], demo: list[bool]) -> list[str]:
+    """The names the demo cells read (function bodies included) that a hidden cell binds: what a
+    dashboard must load to run its demo cells alone."""
+    reads, bound_by_demos, bound_by_hidden = set(), set(), set()
+    for (_, _, e), is_demo_cell in zip(_cell_effects(sources), demo):
+        if e is None:
+            continue
+        if is_demo_cell:
+            reads |= e.reads
+            bound_by_demos |= e.bound  # not e.writes: a name it may only change must be loaded
+        else:
+            bound_by_hidden |= e.bound | e.writes | e.imported
+    return sorted((reads & bound_by_hidden) - bound_by_demos - _PROVIDED)
+
+
+def _sections(cells) -> list[str]:
+    """For each cell of a chapter, the heading it stands under (its numbered section)."""
+    current, out = "", []
+    for cell in cells:
+        if cell.cell_type == "markdown":
+            heads = [line for line in cell.source.splitlines() if _HEADING_RE.match(line)]
+            if heads:
+                current = re.sub(r"^#+\s*", "", heads[-1]).strip()
+                current = re.sub(r"^Chapter\s+\d+\s+[—-]\s+", "", current).replace("$", "")
+        out.append(current)
+    return out
+
+
 def dashboard(chapter: str) -> nbformat.NotebookNode | None:
     """The dashboard notebook of ``chapter``, or None if it has no demo cell."""
     src = read_source(chapter, demo_tags=True)
@@ -270,10 +368,14 @@ def dashboard(chapter: str) -> nbformat.NotebookNode | None:
     if not demos:
         return None
     title, summary = title_and_summary(src)
+    sections = _sections(src.cells)
+    path = cache_file(chapter, src)
     v4 = nbformat.v4
     cells = [v4.new_code_cell(LECTURE_SETUP, metadata={"tags": [HIDE_TAG]}),
+             v4.new_code_cell(CACHE_LOAD.format(path=path), metadata={"tags": [HIDE_TAG]}),
              v4.new_markdown_cell(f"# {title}\n\n{summary}\n\n[← all chapters](../../)",
                                   metadata={"tags": ["title"]})]
+    where = ["starting the kernel", "loading saved measurements", title]
     code = [(i, c) for i, c in enumerate(src.cells[:demos[-1] + 1])
             if c.cell_type == "code" and not _is_graded_test(c)]
     run = needed_cells([c.source for _, c in code],
@@ -283,15 +385,24 @@ def dashboard(chapter: str) -> nbformat.NotebookNode | None:
     for (i, cell), needed in zip(code, run):
         if needed is not True:
             if needed:
-                cells.append(v4.new_code_cell(needed, metadata={"tags": [HIDE_TAG]}))
+                cells.append(v4.new_code_cell(_skippable(needed), metadata={"tags": [HIDE_TAG]}))
+                where.append(sections[i])
             continue
         if not is_demo(cell):
-            cells.append(v4.new_code_cell(cell.source, metadata={"tags": [HIDE_TAG]}))
+            cells.append(v4.new_code_cell(_skippable(cell.source), metadata={"tags": [HIDE_TAG]}))
+            where.append(sections[i])
             continue
         intro = _intro(src.cells, i, shown_markdown)
         if intro is not None:
             cells.append(v4.new_markdown_cell(intro))
+            where.append(sections[i])
         cells.append(v4.new_code_cell(cell.source, metadata={"tags": ["demo"]}))
+        where.append(sections[i])
+    code = [c for c in cells if c.cell_type == "code"]
+    names = saved_names([c.source for c in code], [is_demo(c) for c in code])
+    cells.append(v4.new_code_cell(CACHE_SAVE.format(marker=SAVE_MARKER, path=path, names=names),
+                                  metadata={"tags": [HIDE_TAG]}))
+    where.append("saving the measurements for the next open")
     missing = unbound_names([c.source for c in cells if c.cell_type == "code"])
     if missing:
         raise ValueError(
@@ -299,11 +410,21 @@ def dashboard(chapter: str) -> nbformat.NotebookNode | None:
             "(graded test cells never run in a dashboard): bind it in a cell before the demo")
     nb = v4.new_notebook(cells=cells, metadata={
         "kernelspec": src.metadata["kernelspec"], "language_info": src.metadata["language_info"],
-        "course": {"chapter": chapter, "title": title, "summary": summary,
+        "course": {"chapter": chapter, "title": title, "summary": summary, "cache": path, "sections": where,
                    "generated_from": f"solutions/{chapter}.py",
                    "note": "Generated by `python -m grader demo`; edit the source, not this file."}})
     nbformat.validate(nb)
     return nb
+
+
+def _skippable(source: str) -> str:
+    """A hidden cell that the saved measurements replace: marked, unless it is not plain Python
+    (an IPython magic, which the cache's input transformer would not see parsed)."""
+    try:
+        ast.parse(source)
+    except SyntaxError:
+        return source
+    return f"{SKIP_MARK}\n{source}"
 
 
 def _intro(cells, demo_index: int, shown: set[int]) -> str | None:
@@ -338,16 +459,19 @@ def build(dest: Path = BUILD, chapter_ids: list[str] | None = None) -> list[str]
     have one are removed.
     """
     chapter_ids = [check_chapter_id(c) for c in chapter_ids] if chapter_ids else chapters()
+    _course_digest.cache_clear()  # the course may have changed since the last build
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.glob("*.ipynb"):
         old.unlink()
-    listed = []
+    notebooks = {}
     for ch in chapter_ids:
         nb = dashboard(ch)
-        if nb is None:
-            continue
+        if nb is not None:
+            notebooks[ch] = nb
+    listed = [(ch, nb.metadata["course"]["title"], nb.metadata["course"]["summary"]) for ch, nb in notebooks.items()]
+    for ch, nb in notebooks.items():
+        nb.metadata["course"]["chapters"] = [[c, title] for c, title, _ in listed]  # the page's selector
         nbformat.write(nb, dest / f"{ch}.ipynb")
-        listed.append((ch, nb.metadata["course"]["title"], nb.metadata["course"]["summary"]))
     template = dest / "share" / "voila" / "templates" / TEMPLATE
     if template.exists():
         shutil.rmtree(template)
@@ -374,8 +498,17 @@ def serve(port: int, dest: Path = BUILD, chapter_ids: list[str] | None = None) -
     if not listed:
         raise RuntimeError("no chapter has a demo cell (# %% tags=[\"demo\"])")
     print(f"dashboards for {len(listed)} chapter(s) in {dest}", flush=True)
-    env = {**os.environ, "JUPYTER_PATH": os.pathsep.join(
-        p for p in (str(dest / "share"), os.environ.get("JUPYTER_PATH", "")) if p)}
+    cold = [ch for ch in listed
+            if not (dest / nbformat.read(dest / f"{ch}.ipynb", as_version=4).metadata["course"]["cache"]).exists()]
+    if cold:
+        print(f"{len(listed) - len(cold)} of {len(listed)} dashboards open in seconds; the first open of "
+              f"{', '.join(cold)} measures what its demos need and saves it for the next "
+              "(`make demo-warm` does all of them before class)", flush=True)
+    env = {**os.environ,
+           "JUPYTER_PATH": os.pathsep.join(p for p in (str(dest / "share"), os.environ.get("JUPYTER_PATH", "")) if p),
+           # config/voila/voila.json: only the widgets' lab extension, and idle kernels of closed tabs culled
+           "JUPYTER_CONFIG_PATH": os.pathsep.join(
+               p for p in (str(VOILA_CONFIG), os.environ.get("JUPYTER_CONFIG_PATH", "")) if p)}
     voila = Path(sys.executable).parent / "voila"
     args = [str(voila), str(dest), "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
             "--Voila.port_retries=0", f"--template={TEMPLATE}", "--theme=light",

@@ -98,6 +98,102 @@ def test_every_dashboard_binds_every_name_it_reads(chapter):
         assert not demo.unbound_names([c.source for c in nb.cells if c.cell_type == "code"])
 
 
+def test_saved_names_are_what_demos_read_from_hidden_cells():
+    sources = ["import torch\nresults = {}\nscale = 2",
+               "def f(v):\n    return v * scale",
+               "log = []",
+               "grid = [f(k) for k in range(3)]\nlocal_only = 1",
+               "def draw(ax, k=1):\n    return grid[k], results, torch, log.append(k)\nlabel = 'k'\nprint(label)"]
+    assert demo.saved_names(sources, [False, False, False, False, True]) == ["grid", "log", "results", "torch"]
+
+
+def test_lecture_cache_round_trip_keeps_notebook_functions_on_the_notebook_namespace(tmp_path):
+    """Functions saved by value read and rebind the namespace they are loaded into, as if
+    their cells had run there; a value that does not pickle is named and nothing is written."""
+    from coursekit import lecture_cache
+
+    saved = {"__name__": "__main__"}
+    exec("import math\nCOUNT = [0]\nscale = 3\n"
+         "def bump():\n    COUNT[0] += 1\n    return COUNT[0] * scale * math.pi / math.pi\n"
+         "class Box:\n    def __init__(self, v):\n        self.v = v\n    def twice(self):\n        return bump() + self.v\n"
+         "box = Box(10)", saved)
+    path = tmp_path / "cache" / "toy.pkl"
+    assert lecture_cache.save(path, ["bump", "box", "COUNT", "missing_name"], saved) == []
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    loaded = {"__name__": "__main__"}
+    assert lecture_cache.load(path, loaded)
+    assert loaded["bump"]() == 3 and loaded["box"].twice() == 16  # scale came with bump
+    loaded["scale"] = 100  # a rebinding in the notebook reaches the loaded function
+    assert loaded["bump"]() == 300 and loaded["COUNT"] == [3]
+    assert saved["COUNT"] == [0], "the saved namespace is untouched"
+
+    saved["bar"] = (i for i in range(3))  # a generator cannot be pickled
+    problems = lecture_cache.save(tmp_path / "cache" / "other.pkl", ["bump", "bar"], saved)
+    assert len(problems) == 1 and problems[0].startswith("bar: TypeError")
+    assert not (tmp_path / "cache" / "other.pkl").exists()
+    assert not lecture_cache.load(tmp_path / "none.pkl", loaded)
+    (tmp_path / "bad.pkl").write_bytes(b"not a pickle")
+    assert not lecture_cache.load(tmp_path / "bad.pkl", loaded)
+
+
+def test_cache_key_follows_the_chapter_source_and_fast_mode(monkeypatch):
+    monkeypatch.setenv("COURSE_FAST", "1")
+    fast_key = demo.cache_key("ch00_memory")
+    assert demo.cache_file("ch00_memory").startswith("cache/ch00_memory-fast-")
+    assert demo.cache_key("ch02_checkpointing") != fast_key
+    monkeypatch.setenv("COURSE_FAST", "0")
+    assert demo.cache_key("ch00_memory") != fast_key and "-full-" in demo.cache_file("ch00_memory")
+    monkeypatch.setattr(demo, "_course_digest", lambda: "another torch")
+    monkeypatch.setenv("COURSE_FAST", "1")
+    assert demo.cache_key("ch00_memory") != fast_key
+
+
+def _toy_dashboard(monkeypatch, counter):
+    import nbformat
+
+    v4 = nbformat.v4
+    nb = v4.new_notebook(cells=[
+        v4.new_markdown_cell("# Chapter 99 — Toy\n\nOne line."),
+        v4.new_code_cell("import math", metadata={"tags": ["setup"]}),
+        v4.new_markdown_cell("## 1. Measure it"),
+        v4.new_code_cell("factor = 2"),
+        v4.new_code_cell(f"with open({str(counter)!r}, 'a') as f:\n    f.write('ran ')\n"
+                         "table = {k: math.sqrt(k) for k in range(4)}\n"
+                         "def lookup(k):\n    return table[k] * factor"),
+        v4.new_markdown_cell("## 2. Play with it"),
+        v4.new_code_cell("print('demo', lookup(3))", metadata={"tags": ["demo"]})],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3"}, "language_info": {"name": "python"}})
+    monkeypatch.setattr(demo, "read_source", lambda chapter, demo_tags=False: nb)
+    monkeypatch.setattr(demo, "cache_key", lambda chapter, src=None: "k1")
+    return demo.dashboard("ch99_toy")
+
+
+def test_a_dashboard_saves_its_measurements_and_the_next_open_skips_them(monkeypatch, tmp_path):
+    """The first run of a dashboard saves what its demo reads; the second loads it and runs no
+    hidden cell (the counter file is written once), and shows the same demo output."""
+    import copy
+
+    import nbclient
+
+    from grader.timing import KERNEL_OPTIONS
+
+    counter = tmp_path / "ran.txt"
+    nb = _toy_dashboard(monkeypatch, counter)
+    assert len(nb.metadata.course.sections) == len(nb.cells)
+    assert nb.metadata.course.sections[-2:] == ["2. Play with it", "saving the measurements for the next open"]
+    hidden = [c for c in nb.cells if c.cell_type == "code" and not is_demo(c)]
+    assert all(c.source.startswith(demo.SKIP_MARK) for c in hidden[2:-1])
+    outputs = []
+    for _ in range(2):
+        run = copy.deepcopy(nb)
+        nbclient.NotebookClient(run, timeout=300, **KERNEL_OPTIONS, resources={"metadata": {"path": str(tmp_path)}}).execute()
+        outputs.append([o.get("text", "") for c in run.cells if c.cell_type == "code" for o in c.outputs])
+    assert counter.read_text() == "ran ", "the second open ran the hidden cell again"
+    assert (tmp_path / "cache" / "ch99_toy-fast-k1.pkl").exists() or (tmp_path / "cache" / "ch99_toy-full-k1.pkl").exists()
+    assert "demo 3.4641016151377544\n" in outputs[0] and "demo 3.4641016151377544\n" in outputs[1]
+    assert f"{demo.SAVE_MARKER} []\n" in outputs[0] and not any(demo.SAVE_MARKER in o for o in outputs[1])
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     dest = tmp_path_factory.mktemp("demo")
@@ -121,13 +217,16 @@ def test_dashboard_shows_demo_cells_and_hides_the_rest(chapter, built):
     src = read_source(chapter, demo_tags=True)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code[0].source == demo.LECTURE_SETUP
+    assert len(nb.metadata.course.sections) == len(nb.cells) and nb.metadata.course.chapters[0][0] == "ch00_memory"
     assert [c.source for c in code if is_demo(c)] == [c.source for c in src.cells if c.cell_type == "code" and is_demo(c)]
     assert all(is_demo(c) or c.metadata["tags"] == [demo.HIDE_TAG] for c in code)
     text = "\n".join(c.source for c in nb.cells)
     assert "run_hidden" not in text, "graded test cells never run in a dashboard"
     for c in code:
         ast.parse(c.source)
-    title = nb.cells[1].source
+    assert code[1].source.startswith("from coursekit import lecture_cache") and demo.CACHE_DIR in code[1].source
+    assert all(c.source.startswith(demo.SKIP_MARK) for c in code[2:-1] if not is_demo(c))
+    title = next(c.source for c in nb.cells if "title" in c.metadata.get("tags", []))
     assert title.startswith("# ") and "Chapter" not in title.splitlines()[0]
 
 
@@ -150,6 +249,7 @@ def test_template_needs_no_network(built):
 def test_makefile_offers_demo_and_instructor_lab():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^demo: .*\n\t.*-m grader demo --port=\$\(PORT\)", makefile, re.M)
+    assert re.search(r"^demo-warm: .*\n\t.*-m grader demo --warm \$\(CHAPTERS\)", makefile, re.M)
     assert re.search(r"^lab: .*\n\tJUPYTER_CONFIG_PATH=\$\(CURDIR\)/config/student ", makefile, re.M)
     assert re.search(r"^lab-instructor: ", makefile, re.M)
 
