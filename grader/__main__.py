@@ -34,6 +34,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="grade even where the sandbox cannot isolate submissions (not root, no cgroups or "
                         "seccomp); every grade is then flagged for regrading")
 
+    rp = sub.add_parser("report", help="the class's scores, failure reasons, missing work and an LMS gradebook CSV")
+    rp.add_argument("out", type=Path, help="autograde's OUT: its gradebook, feedback/, timing.csv, not_graded.csv")
+    rp.add_argument("--db", default=None, help="gradebook URL (default sqlite:///OUT/gradebook.db)")
+    rp.add_argument("--to", type=Path, default=None, help="folder of the report (default OUT/report)")
+    rp.add_argument("--roster", type=Path, default=None,
+                    help="the class's student ids, one per line (or a CSV with a student_id column first)")
+
     s = sub.add_parser("selfcheck", help="reference solutions score full marks, blank releases 0")
     s.add_argument("chapters", nargs="*", help="chapter ids (default: all)")
     s.add_argument("--workers", type=int, default=2)
@@ -97,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {args.out / 'grades.csv'} and {args.out / 'feedback'}/ for {len(results)} submission(s)"
                   + (f"; {skipped} entr{'y' if skipped == 1 else 'ies'} not graded (listed above and in "
                      f"{args.out / 'not_graded.csv'})" if skipped else ""))
+            return 0
+        if args.command == "report":
+            from grader.report import report
+
+            written = report(args.out, db_url=args.db, dest=args.to, roster=args.roster)
+            print(f"wrote {written[0]} and {', '.join(p.name for p in written[1:])} beside it")
             return 0
         if args.command == "selfcheck":
             from grader.selfcheck import selfcheck
