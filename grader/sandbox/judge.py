@@ -215,6 +215,8 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -308,16 +310,56 @@ def _baseline_held(setup: tuple[str, ...], baseline: tuple[str, ...], primes: tu
         return _BASELINE_HELD[key]
 
 
+# --- where the judge's time goes ----------------------------------------------------------------
+# Seconds and counts per phase of every problem this process judged, summed over its threads
+# (``autograde`` writes them to OUT/profile.csv; ``make bench-grade`` prints them).
+PHASES = ("worker start", "setup cells", "exercise cells", "hidden checks", "worker stop")
+_TIMES: dict[str, list] = {}
+_TIMES_LOCK = threading.Lock()
+
+
+@contextmanager
+def timed(phase: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        spent = time.perf_counter() - start
+        with _TIMES_LOCK:
+            entry = _TIMES.setdefault(phase, [0.0, 0])
+            entry[0] += spent
+            entry[1] += 1
+
+
+def add_phase_times(phases: dict[str, tuple[float, int]]) -> None:
+    """Add times judged elsewhere (a cluster's worker) to this process's."""
+    with _TIMES_LOCK:
+        for phase, (seconds, count) in phases.items():
+            entry = _TIMES.setdefault(phase, [0.0, 0])
+            entry[0] += seconds
+            entry[1] += count
+
+
+def phase_times(reset: bool = False) -> dict[str, tuple[float, int]]:
+    """{phase: (seconds, count)} judged so far in this process (then emptied, with ``reset``)."""
+    with _TIMES_LOCK:
+        found = {k: (v[0], v[1]) for k, v in _TIMES.items()}
+        if reset:
+            _TIMES.clear()
+    return found
+
+
 def _run_one(grade_id: str, check, program: list[str], limits: Limits, setup: int | None = None,
              baseline: list[str] | None = None, primes: tuple[str, ...] = ()) -> Outcome:
-    worker = _server().spawn(limits)
+    with timed("worker start"):
+        worker = _server().spawn(limits)
     try:
         passed, reason = False, ""
         try:
-            worker.run_program(program, primes, setup=setup)
+            worker.run_program(program, primes, setup=setup, timed=timed)
             if setup is not None and baseline is not None:  # read only by memory checks (grader.resources.Meter)
                 worker.baseline_held = lambda: _baseline_held(tuple(program[:setup]), tuple(baseline), primes, limits)
-            with judging():
+            with judging(), timed("hidden checks"):
                 check(RemoteNamespace(worker))
             passed = True
         except Stop as e:
@@ -340,7 +382,8 @@ def _run_one(grade_id: str, check, program: list[str], limits: Limits, setup: in
             reason = f"your code exceeded the memory limit of {format_size(limits.memory_bytes)}"
         return Outcome(grade_id, passed, "" if passed else _printable(reason))
     finally:
-        worker.close()
+        with timed("worker stop"):
+            worker.close()
 
 
 def _printable(text: str) -> str:

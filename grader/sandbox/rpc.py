@@ -36,6 +36,7 @@ Before any reply the worker may send out-of-band notices, which the judge record
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -427,19 +428,25 @@ class Connection:
         if not self.closed:
             self.pending_release.append(hid)
 
-    def run_program(self, program: list[str], primes: tuple[str, ...] = (), setup: int | None = None) -> None:
+    def run_program(self, program: list[str], primes: tuple[str, ...] = (), setup: int | None = None,
+                    timed=None) -> None:
         """Prime the worker (``worker.Session.prime``: grading's machinery and the trusted probes named in
         ``primes``), then run the cells. With ``setup`` (the number of leading setup cells), the memory the
         worker holds is read once they ran and again after the rest: :attr:`cells_held` is what the
         exercise cells hold. The cells go straight to the worker, never through the fork server, so no
-        student's work ever sits in the memory that later workers are forked from."""
+        student's work ever sits in the memory that later workers are forked from. ``timed(phase)``, a
+        context manager, times the two parts ("setup cells", priming included, and "exercise cells")."""
+        timed = timed or (lambda phase: contextlib.nullcontext())
         if setup is None:
-            self._run(("program", list(program), tuple(primes)))
+            with timed("setup cells"):
+                self._run(("program", list(program), tuple(primes)))
             return
-        self._run(("program", list(program[:setup]), tuple(primes)))
-        self.setup_held = self.memory().held
-        self._run(("cells", list(program[setup:])))
-        self.cells_held = self.memory().held - self.setup_held
+        with timed("setup cells"):
+            self._run(("program", list(program[:setup]), tuple(primes)))
+            self.setup_held = self.memory().held
+        with timed("exercise cells"):
+            self._run(("cells", list(program[setup:])))
+            self.cells_held = self.memory().held - self.setup_held
 
     def _run(self, message) -> None:
         reply = self.request(message)
