@@ -12,7 +12,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # Jupyter refuses to run as root (containers, CI) unless told it may.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab lab-instructor demo demo-warm test test-profile check release selfcheck bench checkpoints clean help
+.PHONY: lab lab-instructor demo demo-warm test test-profile check release selfcheck bench bench-grade checkpoints clean help
 
 help:
 	@echo "make lab         open the course in JupyterLab (prints the URL; headless)"
@@ -26,6 +26,8 @@ help:
 	@echo "make release     regenerate course/ from solutions/"
 	@echo "make selfcheck   references score full marks, blank releases score 0"
 	@echo "make bench       slow benchmarks (GPU ones skip without CUDA)"
+	@echo "make bench-grade seconds per submission: the course's grader beside plain nbgrader, same submissions"
+	@echo "                 (BENCH_CHAPTERS=\"ch00_memory ch01_lora\" N=6; as root, on a quiet machine)"
 	@echo "make checkpoints retrain the small pretrained checkpoints in data/"
 
 $(STAMP): pyproject.toml
@@ -41,8 +43,11 @@ LAB = $(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) $(ALLOW_ROOT
 lab: $(STAMP)
 	JUPYTER_CONFIG_PATH=$(CURDIR)/config/student $(LAB) --LabApp.default_url=/lab/tree/course
 
+# config/instructor: solutions/*.py open read-only (saving them from the notebook view would rewrite
+# their headers); EDIT=1 allows it.
 lab-instructor: $(STAMP)
-	$(LAB) --LabApp.app_settings_dir=$(CURDIR)/config/instructor/lab-settings --LabApp.default_url=/lab/tree
+	COURSE_EDIT_SOURCES=$(if $(EDIT),1,0) JUPYTER_CONFIG_PATH=$(CURDIR)/config/instructor \
+	  $(LAB) --LabApp.app_settings_dir=$(CURDIR)/config/instructor/lab-settings --LabApp.default_url=/lab/tree
 
 # Dashboards are generated from solutions/ into build/demo/ each time, then served by Voila.
 demo: $(STAMP)
@@ -80,8 +85,18 @@ selfcheck: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m grader bench
 
+# N synthetic submissions per chapter (correct, second and wrong answers in turn), graded by
+# `python -m grader autograde` and by plain `nbgrader autograde`; not part of `make test`.
+N ?= 6
+bench-grade: $(STAMP)
+	$(BIN)/python -m grader.bench_grade $(BENCH_CHAPTERS) -n $(N) --workers $(WORKERS)
+
 checkpoints: $(STAMP)
 	$(BIN)/python -m coursekit.pretrain
+
+# Chapter 16's shipped profile and table (data/capstone/): fine-tunes and measurements, one thread per process.
+capstone-data: $(STAMP)
+	$(BIN)/python -m coursekit.capstone --jobs 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -120,12 +120,13 @@ def _serve(target: str, tmp_path_factory, extra_env=None):
     return base, proc, log
 
 
-def _lab_settings(tmp_path_factory) -> str:
+def _lab_settings(tmp_path_factory, autosave_s: int | None = None) -> str:
     """JupyterLab user settings for tests: every cell in the DOM (no windowing), so that the
-    test sees all outputs; no autosave; no news prompt."""
+    test sees all outputs; no autosave (or every ``autosave_s`` seconds); no news prompt."""
     d = tmp_path_factory.mktemp("lab-settings")
+    save = {"autosave": True, "autosaveInterval": autosave_s} if autosave_s else {"autosave": False}
     for plugin, settings in (("notebook-extension/tracker", {"windowingMode": "none"}),
-                             ("docmanager-extension/plugin", {"autosave": False}),
+                             ("docmanager-extension/plugin", save),
                              ("apputils-extension/notification", {"fetchNews": "false"})):
         path = d / "@jupyterlab" / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -394,25 +395,41 @@ def test_student_runs_a_chapter_without_instructor_tools(browser, student_lab):
 
 # --- instructor ----------------------------------------------------------------------------
 
-def test_instructor_lab_has_nbgrader_and_opens_sources_as_notebooks(browser, tmp_path_factory, workdir):
-    # A copy of a chapter source: what is opened may be saved, and solutions/ is not the test's.
-    shutil.copy(ROOT / "solutions" / f"{STUDENT_CHAPTER}.py", workdir / f"{STUDENT_CHAPTER}.py")
+AUTOSAVE_S = 3  # the instructor test's autosave interval (JupyterLab's default is 120 s)
+
+
+def test_instructor_lab_has_nbgrader_and_opens_sources_as_notebooks_without_writing_them(browser, tmp_path_factory):
+    """The chapter's own source, opened as a notebook with autosave on: once its kernel has started
+    (which changes the notebook's metadata) and several autosave intervals have passed, its bytes
+    are unchanged (opening solutions/ch01_lora.py used to rewrite its header)."""
+    source = ROOT / "solutions" / f"{STUDENT_CHAPTER}.py"
+    before = source.read_bytes()
     base, proc, _ = _serve("lab-instructor", tmp_path_factory,
-                           {"JUPYTERLAB_SETTINGS_DIR": _lab_settings(tmp_path_factory)})
+                           {"JUPYTERLAB_SETTINGS_DIR": _lab_settings(tmp_path_factory, autosave_s=AUTOSAVE_S)})
     try:
         page = _page(browser)
-        folder = workdir.relative_to(ROOT).as_posix()
-        page.goto(f"{base}/lab/tree/{folder}/{STUDENT_CHAPTER}.py?token={TOKEN}", timeout=START_S * 1000)
+        page.goto(f"{base}/lab/tree/solutions/{STUDENT_CHAPTER}.py?token={TOKEN}", timeout=START_S * 1000)
         assert "Nbgrader" in _menubar(page)
         page.wait_for_selector(".jp-Notebook .jp-MarkdownCell", timeout=START_S * 1000)
         assert page.locator(".jp-FileEditor").count() == 0, "the source opened as plain text"
+        dialogs = _await_kernel(page, f"{STUDENT_CHAPTER}.py")
+        opened = time.monotonic()
+        page.locator(".jp-Notebook .jp-Cell").first.click()  # focus, as an instructor reading it would
+        page.wait_for_timeout(4 * AUTOSAVE_S * 1000)
+        waited = time.monotonic() - opened
         page.locator(".lm-MenuBar-itemLabel", has_text="Nbgrader").click()
         page.wait_for_timeout(500)
         _shot(page, "instructor-lab")
+        assert source.read_bytes() == before, f"opening {source.name} in the instructor lab rewrote it"
+        errors = [t for t in _accept_dialogs(page) if "Save" in t or "save" in t]
+        assert not errors, f"the lab complained about saving: {errors}"
+        print(f"instructor lab: {source.name} unchanged {waited:.0f} s after its kernel started "
+              f"(autosave every {AUTOSAVE_S} s); dialogs seen: {dialogs}")
         assert requests.get(f"{base}/formgrader", params={"token": TOKEN}, timeout=30,
                             allow_redirects=False).status_code != 404
     finally:
         _stop(proc)
+        assert source.read_bytes() == before, f"{source.name} changed while the instructor lab served it"
 
 
 def test_feedback_page_shows_scores_and_reasons(browser, tmp_path):

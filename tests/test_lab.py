@@ -21,12 +21,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def _serve(target, tmp_path_factory, extra_env=None):
     port, token = _free_port(), "course-test-token"
-    env = {**os.environ, "JUPYTER_TOKEN": token, "JUPYTER_RUNTIME_DIR": tempfile.mkdtemp(prefix="rt-")}
-    log = (tmp_path_factory.mktemp("lab") / "lab.log").open("w+")
-    proc = subprocess.Popen(["make", "--no-print-directory", "lab", f"PORT={port}"], cwd=ROOT, env=env,
+    env = {**os.environ, "JUPYTER_TOKEN": token, "JUPYTER_RUNTIME_DIR": tempfile.mkdtemp(prefix="rt-"),
+           **(extra_env or {})}
+    log = (tmp_path_factory.mktemp(target) / "lab.log").open("w+")
+    proc = subprocess.Popen(["make", "--no-print-directory", target, f"PORT={port}"], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -40,12 +40,17 @@ def lab(tmp_path_factory):
                 break
             time.sleep(0.5)
         else:
-            pytest.fail("JupyterLab did not start within 120 s")
+            pytest.fail(f"make {target} did not start within 120 s")
         log.seek(0)
-        assert proc.poll() is None, f"make lab exited:\n{log.read()[-3000:]}"
+        assert proc.poll() is None, f"make {target} exited:\n{log.read()[-3000:]}"
         yield base, token, log
     finally:
         _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    yield from _serve("lab", tmp_path_factory)
 
 
 def _stop(proc):
@@ -79,3 +84,26 @@ def test_chapter_notebook_opens(lab, chapter):
     model = r.json()
     assert model["type"] == "notebook"
     assert any(c["cell_type"] == "code" for c in model["content"]["cells"])
+
+
+def test_instructor_lab_serves_chapter_sources_read_only(tmp_path_factory):
+    """`make lab-instructor` reports solutions/*.py as not writable (JupyterLab then never autosaves
+    them) and refuses a save that reaches the server anyway, naming the way to edit them; the
+    file's bytes stay the same."""
+    source = ROOT / "solutions" / "ch00_memory.py"
+    before = source.read_bytes()
+    server = _serve("lab-instructor", tmp_path_factory, {"EDIT": ""})
+    base, token, _ = next(server)
+    try:
+        url, params = f"{base}/api/contents/solutions/ch00_memory.py", {"token": token}
+        model = requests.get(url, params=params, timeout=60).json()
+        assert model["type"] == "notebook" and model["writable"] is False, {k: model.get(k) for k in ("type", "writable")}
+        assert requests.get(f"{base}/api/contents/course/ch00_memory.ipynb", params={**params, "content": 0},
+                            timeout=60).json()["writable"] is True
+        r = requests.put(url, params=params, json={"type": "notebook", "format": "json", "content": model["content"]},
+                         timeout=60)
+        assert r.status_code == 403, r.text[:300]
+        assert "chapter's only source" in r.json()["message"] and "EDIT=1" in r.json()["message"]
+    finally:
+        next(server, None)
+    assert source.read_bytes() == before, "the instructor lab wrote solutions/ch00_memory.py"
