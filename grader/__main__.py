@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--unisolated", action="store_true",
                    help="grade even where the sandbox cannot isolate submissions (not root, no cgroups or "
                         "seccomp); every grade is then flagged for regrading")
+    a.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="grade on the workers of this Dask scheduler (tcp://HOST:8786; see grader/cluster.py); "
+                        "this machine still reads the submissions and writes every result")
 
     rp = sub.add_parser("report", help="the class's scores, failure reasons, missing work and an LMS gradebook CSV")
     rp.add_argument("out", type=Path, help="autograde's OUT: its gradebook, feedback/, timing.csv, not_graded.csv")
@@ -92,8 +95,14 @@ def main(argv: list[str] | None = None) -> int:
                 p.error(f"--workers must be at least 1, got {args.workers}")
             if args.timeout is not None and args.timeout <= 0:
                 p.error(f"--timeout must be positive, got {args.timeout}")
-            from grader.autograde import autograde
+            if args.scheduler:  # on a Dask cluster (grader/cluster.py): Dask is imported only then
+                from functools import partial
 
+                from grader.cluster import autograde_on
+
+                autograde = partial(autograde_on, args.scheduler)
+            else:
+                from grader.autograde import autograde
             results = autograde(args.submissions, args.out, workers=args.workers, timeout=args.timeout,
                                 db_url=args.db, unisolated=args.unisolated)
             for r in results:

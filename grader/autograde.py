@@ -36,19 +36,23 @@ from __future__ import annotations
 import csv
 import os
 import sys
-import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
+# nbformat validates notebooks with jsonschema, whose optional checker of the "iri" format
+# (rfc3987_syntax) builds a parser from its grammar when imported: seconds of every autograde
+# process's start, for a format that no notebook schema uses. Without it jsonschema skips that format.
+sys.modules.setdefault("rfc3987_syntax", None)
+import nbformat  # noqa: E402 - after the line above
 
 from grader import intake
 from grader.api import checks_for, gates
 from grader.feedback import UNISOLATED, write_feedback
 from grader.notebooks import COURSE, Layout, chapters, exercise_sources, layout, read_source
+from grader.sandbox import judge
 from grader.sandbox.judge import Limits, Outcome, run_checks
 from grader.sandbox.limits import WALL_FACTOR
 from grader.source_policy import refusals
@@ -104,18 +108,41 @@ def _failed(lay: Layout, reason: str) -> dict[str, Outcome]:
 def grade_one(student: str, chapter: str, path: Path, lay: Layout, limits: Limits) -> Result:
     """Grade one submission. Never raises: every failure becomes zeros with a reason."""
     start = time.monotonic()
-    result = _grade_one(student, chapter, path, lay, limits)
+    found = read_submission(student, chapter, path, lay)
+    result = found if isinstance(found, Result) else grade_notebook(student, chapter, found, lay, limits)
     result.seconds = time.monotonic() - start
     return result
 
 
-def _grade_one(student: str, chapter: str, path: Path, lay: Layout, limits: Limits) -> Result:
+def read_submission(student: str, chapter: str, path: Path, lay: Layout) -> bytes | Result:
+    """The submitted notebook's bytes (``grader.intake``), or the zeros of one that cannot be read."""
+    try:
+        return intake.read_bytes(path)
+    except FileNotFoundError:
+        return Result(student, chapter, lay, _failed(lay, f"no notebook found at {chapter}/{chapter}.ipynb"),
+                      note="missing notebook")
+    except intake.Refused as e:
+        return Result(student, chapter, lay, _failed(lay, str(e)), note=str(e))
+    except Exception as e:  # noqa: BLE001 - one unreadable submission must not stop the batch
+        reason = f"internal grading error ({type(e).__name__}); please contact the instructor"
+        return Result(student, chapter, lay, _failed(lay, reason), note=reason)
+
+
+def grade_notebook(student: str, chapter: str, data: bytes, lay: Layout, limits: Limits) -> Result:
+    """Grade one submission from its notebook's bytes, as read by :func:`read_submission` (a cluster's
+    worker gets them over the network: ``grader.cluster``). Never raises, and changes nothing outside the
+    sandbox's own processes: grading a submission again (a lost worker's retried task) writes nothing twice,
+    since only the caller writes grades, once per submission."""
+    start = time.monotonic()
+    result = _grade_notebook(student, chapter, data, lay, limits)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def _grade_notebook(student: str, chapter: str, data: bytes, lay: Layout, limits: Limits) -> Result:
     try:
         try:
-            cells = intake.parse_notebook(intake.read_bytes(path))
-        except FileNotFoundError:
-            return Result(student, chapter, lay, _failed(lay, f"no notebook found at {chapter}/{chapter}.ipynb"),
-                          note="missing notebook")
+            cells = intake.parse_notebook(data)
         except intake.Refused as e:
             return Result(student, chapter, lay, _failed(lay, str(e)), note=str(e))
         sources = exercise_sources(cells, lay.exercises)
@@ -234,6 +261,7 @@ class GradebookWriter:
         from grader.release import nbgrader_env
 
         nbgrader_env()
+        _alembic_in_process()
         self.gb = SharedGradebook(db_url)  # other graders may write the same database at the same time
         for ch, lay in layouts.items():
             self.gb.update_or_create_assignment(ch)
@@ -250,14 +278,18 @@ class GradebookWriter:
             warnings.filterwarnings("ignore", message=".*not in session.*")
             self.gb.update_or_create_student(result.student)
             self.gb.update_or_create_submission(result.chapter, result.student)
-        for gid, points in result.layout.tests:
-            grade = self.gb.find_grade(gid, result.chapter, result.chapter, result.student)
-            grade.auto_score = result.points(gid, points)
+        # The submission's grades and comments in one query each, not one per cell.
         notebook = self.gb.find_submission_notebook(result.chapter, result.chapter, result.student)
+        points = dict(result.layout.tests)
+        for grade in notebook.grades:
+            if grade.name in points:
+                grade.auto_score = result.points(grade.name, points[grade.name])
         notebook.flagged = result.unisolated  # formgrader lists flagged submissions for review
         comment = "; ".join(filter(None, [UNISOLATED if result.unisolated else "", result.note])) or None
-        for ex in result.layout.exercises:
-            self.gb.find_comment(ex, result.chapter, result.chapter, result.student).auto_comment = comment
+        exercises = set(result.layout.exercises)
+        for found in notebook.comments:
+            if found.name in exercises:
+                found.auto_comment = comment
         self.gb.db.commit()
 
     def close(self) -> None:
@@ -266,12 +298,16 @@ class GradebookWriter:
 
 def autograde(submissions: Path, out: Path, workers: int = 1, timeout: float | None = None,
               db_url: str | None = None, course_dir: Path = COURSE, progress: bool = True,
-              log=print, unisolated: bool = False) -> list[Result]:
+              log=print, unisolated: bool = False, cluster=None) -> list[Result]:
     """Grade every submission under ``submissions`` into ``out``; see the module's docstring.
 
     ``timeout``: CPU seconds per graded cell (the wall-clock backstop is ``WALL_FACTOR`` times more).
+    ``cluster``: a started ``grader.cluster.Cluster`` whose workers grade the submissions (its caller
+    closes it); this process still reads the notebooks and writes every result.
     Raises RuntimeError, before anything is written, when the sandbox cannot start, or cannot isolate
     workers and ``unisolated`` is false."""
+    started = time.perf_counter()
+    judge.phase_times(reset=True)
     known = chapters()
     found = intake.find_submissions(submissions, known)
     todo = found.submissions
@@ -282,56 +318,119 @@ def autograde(submissions: Path, out: Path, workers: int = 1, timeout: float | N
     layouts = {ch: release_layout(ch, course_dir) for ch in sorted({c for _, c, _ in todo})}
     limits = Limits() if timeout is None else Limits(cpu_seconds=float(timeout), wall_seconds=WALL_FACTOR * float(timeout))
     flagged = False
-    if todo:
+    if cluster is not None:
+        flagged = cluster.flagged
+        judge.add_phase_times({"sandbox start": (cluster.start_seconds, 1)})
+    elif todo:
         # Start the sandbox before any grade is written: a machine that cannot run it must
-        # stop the batch with a reason, not give every student "internal error" zeros.
-        from grader.sandbox.judge import _server
-        from grader.sandbox.supervisor import why_not_isolated
-
-        try:
-            server = _server()
-        except Exception as e:  # noqa: BLE001 - reported to the instructor as one clear error
-            raise RuntimeError(f"the grading sandbox could not start: {e}") from e
-        if not server.isolated:
-            why = why_not_isolated(server)
-            if not unisolated:
-                raise RuntimeError(f"the grading sandbox cannot isolate submissions on this machine ({why}). Grade "
-                                   "as root on Linux with cgroups (v1 or v2) and libseccomp, or pass --unisolated to "
-                                   "grade anyway: every grade is then flagged for regrading")
-            log(f"warning: grading unisolated ({why}): every grade is flagged")
-            flagged = True
+        # stop the batch with a reason, not give every student "internal error" zeros. Its server
+        # starts in a process of its own (seconds of imports): the gradebook's libraries load meanwhile.
+        with ThreadPoolExecutor(max_workers=1) as starting:
+            server = starting.submit(_start_sandbox)
+            with judge.timed("gradebook imports"):
+                _alembic_in_process()
+            flagged = _isolated_or_flagged(server.result(), unisolated, log)
     csv_writer = CsvWriter(out / "grades.csv")
-    gradebook = GradebookWriter(db_url or f"sqlite:///{(out / 'gradebook.db').resolve()}", layouts)
+    with judge.timed("gradebook open"):
+        gradebook = GradebookWriter(db_url or f"sqlite:///{(out / 'gradebook.db').resolve()}", layouts)
     results: list[Result] = []
-    lock = threading.Lock()
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(todo), desc="autograde", unit="submission")
     try:
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            futures = [pool.submit(grade_one, s, c, p, layouts[c], limits) for s, c, p in todo]
-            for fut in as_completed(futures):
-                result = fut.result()
-                result.unisolated = flagged
-                with lock:
-                    results.append(result)
-                    csv_writer.add(result)
-                    try:  # one submission's record must not stop the others'
-                        gradebook.add(result)
-                        write_feedback(out / "feedback" / result.student / f"{result.chapter}.html", result)
-                    except Exception as e:  # noqa: BLE001 - reported, and the batch goes on
-                        print(f"{result.student}/{result.chapter}: its feedback or gradebook entry could not be "
-                              f"written ({type(e).__name__}); its grades are in grades.csv", file=sys.stderr)
-                if bar is not None:
-                    bar.update(1)
+        graded = cluster.grade(todo, layouts, limits) if cluster is not None else _grade_here(todo, layouts, limits, workers)
+        for result in graded:
+            result.unisolated = result.unisolated or flagged
+            results.append(result)
+            with judge.timed("grades.csv"):
+                csv_writer.add(result)
+            try:  # one submission's record must not stop the others'
+                with judge.timed("gradebook writes"):
+                    gradebook.add(result)
+                with judge.timed("feedback pages"):
+                    write_feedback(out / "feedback" / result.student / f"{result.chapter}.html", result)
+            except Exception as e:  # noqa: BLE001 - reported, and the batch goes on
+                print(f"{result.student}/{result.chapter}: its feedback or gradebook entry could not be "
+                      f"written ({type(e).__name__}); its grades are in grades.csv", file=sys.stderr)
+            if bar is not None:
+                bar.update(1)
     finally:
         if bar is not None:
             bar.close()
         gradebook.close()
         _write_timing(out / "timing.csv", results)
+        _write_profile(out / "profile.csv", judge.phase_times(), time.perf_counter() - started, len(results))
     return sorted(results, key=lambda r: (r.student, r.chapter))
+
+
+def _grade_here(todo: list[tuple[str, str, Path]], layouts: dict[str, Layout], limits: Limits, workers: int):
+    """Results as they come, from ``workers`` threads of this process sharing its sandbox."""
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = [pool.submit(grade_one, s, c, p, layouts[c], limits) for s, c, p in todo]
+        for fut in as_completed(futures):
+            yield fut.result()
+
+
+def _start_sandbox():
+    from grader.sandbox.judge import _server
+
+    with judge.timed("sandbox start"):
+        try:
+            return _server()
+        except Exception as e:  # noqa: BLE001 - reported to the instructor as one clear error
+            raise RuntimeError(f"the grading sandbox could not start: {e}") from e
+
+
+def _isolated_or_flagged(server, unisolated: bool, log, where: str = "this machine") -> bool:
+    """Whether grades from ``server`` must be flagged; raises RuntimeError where they may not be written."""
+    from grader.sandbox.supervisor import why_not_isolated
+
+    return _flag(server.isolated, "" if server.isolated else why_not_isolated(server), unisolated, log, where)
+
+
+def _flag(isolated: bool, why: str, unisolated: bool, log, where: str) -> bool:
+    if isolated:
+        return False
+    if not unisolated:
+        raise RuntimeError(f"the grading sandbox cannot isolate submissions on {where} ({why}). Grade "
+                           "as root on Linux with cgroups (v1 or v2) and libseccomp, or pass --unisolated to "
+                           "grade anyway: every grade is then flagged for regrading")
+    log(f"warning: grading unisolated on {where} ({why}): every grade is flagged")
+    return True
+
+
+_ALEMBIC_HEAD: list[str] = []
+
+
+def _alembic_in_process() -> None:
+    """nbgrader stamps a new gradebook with its schema's version, which it learns by running the ``alembic``
+    command (a Python process of its own: seconds). Read the same version from nbgrader's migration scripts
+    here instead, once per process."""
+    import nbgrader.api
+
+    if not _ALEMBIC_HEAD:
+        from alembic.config import Config
+        from alembic.script import ScriptDirectory
+        from nbgrader.dbutil import _temp_alembic_ini
+
+        with _temp_alembic_ini("sqlite:///gradebook.db") as ini:
+            _ALEMBIC_HEAD.append(ScriptDirectory.from_config(Config(ini)).get_current_head())
+    nbgrader.api.get_alembic_version = lambda: _ALEMBIC_HEAD[0]
+
+
+def _write_profile(path: Path, phases: dict[str, tuple[float, int]], wall: float, graded: int) -> None:
+    """OUT/profile.csv: where this run's time went. Each phase's seconds are summed over the threads that
+    ran it (workers run in parallel: the sum may exceed the wall time); ``count`` says how often it ran."""
+    tmp = path.with_suffix(".csv.tmp")
+    with tmp.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["phase", "seconds", "count"])
+        w.writerow(["autograde (wall)", f"{wall:.3f}", graded])
+        for name, (seconds, count) in phases.items():
+            w.writerow([name, f"{seconds:.3f}", count])
+    os.replace(tmp, path)
 
 
 def _write_timing(path: Path, results: list[Result]) -> None:
