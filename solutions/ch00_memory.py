@@ -496,7 +496,7 @@ def draw(ax, batch_size=64, depth=3, width=256, optimizer="adam"):
         ax.text(i, bottom, f"{bottom:.2f} MB", ha="center", va="bottom")
         totals.append(bottom)
     ax.set_xticks([0, 1], ["predicted", "measured activations"])
-    ax.set_ylabel("MB")
+    ax.set_ylabel("training memory (MB)")
     ax.set_xlim(-0.8, 2.6)
     ax.set_ylim(0, 1.15 * max(totals))
     ax.set_title(f"{count_parameters(net):,} parameters, batch {batch_size}, {optimizer}")
@@ -504,9 +504,22 @@ def draw(ax, batch_size=64, depth=3, width=256, optimizer="adam"):
     ax.legend(handles[::-1], names[::-1], frameon=False, loc="upper right")  # same order as the stack
 
 
+def activation_share(batch_size, depth, width, optimizer):
+    net, at_1, per_example = measured_mlp(depth, width)
+    acts, state = at_1 + (batch_size - 1) * per_example, sum(model_state_bytes(net, optimizer).values())
+    return f"batch {batch_size}: activations are {acts / (acts + state):.0%} of the step's {(acts + state) / MB:.2f} MB"
+
+
 slider_plot(draw, batch_size=(1, fast(2048, 64), 1), depth=(1, 8, 1), width=(16, fast(1024, 128), 16),
             optimizer=["adam", "momentum", "sgd"],
-            defaults={"batch_size": 64, "depth": 3, "width": fast(256, 64)})
+            defaults={"batch_size": 64, "depth": 3, "width": fast(256, 64)},
+            labels={"batch_size": "batch size (examples)", "depth": "hidden layers",
+                    "width": "hidden width (units)", "optimizer": "optimizer"},
+            explain={"batch_size": "examples per step: only the activations grow with it",
+                     "depth": "hidden Linear + ReLU layers of the MLP",
+                     "width": "units per hidden layer: the parameters grow with its square",
+                     "optimizer": "what the optimizer keeps per parameter (Adam: two moments)"},
+            notice={"batch_size": activation_share})
 
 # %% [markdown]
 # ## 6. What the literature reports vs what we measured
