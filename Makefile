@@ -12,13 +12,14 @@ export PATH := $(abspath $(BIN)):$(PATH)
 # Jupyter refuses to run as root (containers, CI) unless told it may.
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: lab lab-instructor demo demo-warm test test-profile check release selfcheck bench bench-grade checkpoints clean help
+.PHONY: lab lab-instructor demo demo-warm screenshots test test-profile check release selfcheck bench bench-grade checkpoints clean help
 
 help:
 	@echo "make lab         open the course in JupyterLab (prints the URL; headless)"
 	@echo "make lab-instructor  JupyterLab with nbgrader's tools; solutions/*.py open as notebooks"
 	@echo "make demo        lecture dashboards: every chapter's slider demos (Voila; prints the URL)"
 	@echo "make demo-warm   measure every dashboard once before class, so that each opens in seconds"
+	@echo "make screenshots retake the README's screenshots (docs/) in full mode with Chromium"
 	@echo "make test        run the whole test suite (fast mode, $(WORKERS) workers); profile in build/test-profile.md"
 	@echo "make test-profile  the whole suite, then where its time went: per file, per chapter, fixed costs"
 	@echo "make check CHAPTER=ch04_partial_training  one chapter's tests (hidden checks, wrong and second answers,"
@@ -57,6 +58,10 @@ demo: $(STAMP)
 # each opens in seconds. CHAPTERS="ch01_lora ch04_partial_training" warms only those.
 demo-warm: $(STAMP)
 	$(BIN)/python -m grader demo --warm $(CHAPTERS)
+
+# The README's screenshots (docs/*.png), retaken in full mode with Chromium: `make demo-warm` first.
+screenshots: $(STAMP)
+	$(BIN)/python -m scripts.screenshots
 
 # One thread per test worker: the workers already fill the cores, and torch's own threads
 # competing with them make notebooks several times slower on a 2-core machine.

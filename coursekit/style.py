@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import struct
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -93,8 +94,9 @@ def render_png(fig) -> tuple[bytes, dict]:
     """PNG bytes at twice the display pixel density and the metadata that shows it at display size."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=2 * DPI, facecolor="white")
-    w, h = fig.get_size_inches()
-    return buf.getvalue(), {"width": round(w * DPI), "height": round(h * DPI)}
+    png = buf.getvalue()
+    width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk: the pixels matplotlib wrote
+    return png, {"width": width // 2, "height": height // 2}
 
 
 def checking(draw) -> bool:
