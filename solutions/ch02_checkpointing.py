@@ -943,28 +943,35 @@ COLORS = {"optimal (DP)": "#c44e52", "uniform": "#4c72b0", "blocks": "#55a868"}
 def draw(axes, budget_kb=int(budgets[len(budgets) // 3] / KB)):
     ax_plan, ax_curve = axes
     b = budget_kb * KB
-    ax_plan.bar(range(N_F), [a / KB for a in act_f], color="#dddddd", label="layer input (KB)")
+    ax_plan.bar(range(N_F), [a / KB for a in act_f], color="#dddddd")
     for row, (name, f) in enumerate(methods.items()):
         plan = f(b)
         label = f"{name}: none fits" if plan is None else (
             f"{name}: {plan_memory(plan, act_f) / KB:,.0f} KB, "
             f"recompute {plan_recompute(plan, fwd_f) / sum(fwd_f):.0%}")
         ys = [max(act_f) / KB * (1.1 + 0.12 * row)] * (0 if plan is None else len(plan))
-        ax_plan.plot(plan or [], ys, "v", color=COLORS[name], ms=8, label=label)
-    ax_plan.set_xlabel("layer (▼ = input stored)")
-    ax_plan.set_ylabel("KB")
-    ax_plan.set_title(f"budget {budget_kb:,} KB", fontsize=9)
-    ax_plan.legend(fontsize=7, frameon=False, loc="upper right")
+        ax_plan.plot(plan or [], ys, "v", color=COLORS[name], ms=10, label=label)
+    ax_plan.set_xlabel("layer (▼ = its input is stored)")
+    ax_plan.set_ylabel("layer input (KB)")
+    # Above the axes, never over the markers: the plans are the point of this panel.
+    ax_plan.legend(title=f"budget {budget_kb:,} KB", loc="lower left", bbox_to_anchor=(0, 1.0),
+                   alignment="left")
     for name, ys in sweep.items():
         ax_curve.plot([x / KB for x in budgets], ys, "o-" if name.startswith("opt") else "s--", ms=3,
                       color=COLORS[name], label=name)
     ax_curve.axvline(budget_kb, color="gray", lw=0.8)
     ax_curve.set_xlabel("memory budget (KB)")
-    ax_curve.set_ylabel("recompute (fraction of a forward)")
-    ax_curve.legend(fontsize=7, frameon=False)
+    ax_curve.set_ylabel("recompute (× one forward)")
+    ax_curve.legend()
 
 
-slider_plot(draw, ncols=2, figsize=(11, 3.8), budget_kb=(int(lo / KB) + 1, int(hi / KB), 8))
+slider_plot(draw, ncols=2, figsize=(11, 4.6), budget_kb=(int(lo / KB) + 1, int(hi / KB), 8),
+            labels={"budget_kb": lambda v: f"memory budget: {v:,} KB"},
+            explain={"budget_kb": "the most stored layer inputs may take; the rest is recomputed in backward"},
+            notice={"budget_kb": lambda budget_kb: (
+                lambda plan: f"{budget_kb:,} KB: the optimal plan recomputes "
+                             f"{plan_recompute(plan, fwd_f) / sum(fwd_f):.0%} of a forward"
+                if plan is not None else f"{budget_kb:,} KB: no plan fits")(plan_checkpoints(act_f, fwd_f, budget_kb * KB))})
 
 # %% [markdown]
 # The optimal plan stores many cheap (narrow) late inputs and few expensive early ones, where the

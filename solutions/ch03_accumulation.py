@@ -713,22 +713,27 @@ def draw(axes, log2_micro=5):
     micro = 2 ** log2_micro
     ax_mem, ax_fwd, ax_time = axes
     sizes = np.array(MICRO_SIZES)
-    panels = ((ax_mem, [act_bytes[m] / KB for m in MICRO_SIZES], "activation KB (one micro-batch)"),
-              (ax_fwd, [BATCH // m for m in MICRO_SIZES], "forward passes per step"),
-              (ax_time, [step_ms[m] for m in MICRO_SIZES], "ms per step (measured)"))
-    for ax, values, label in panels:
-        ax.plot(sizes, values, "o-", color="#4c72b0", ms=4)
-        ax.plot([micro], [values[log2_micro]], "o", ms=11, mfc="none", color="#c44e52")
+    panels = ((ax_mem, [act_bytes[m] / KB for m in MICRO_SIZES], "activations (KB)", "{:,.0f} KB"),
+              (ax_fwd, [BATCH // m for m in MICRO_SIZES], "forward passes per step", "{:,.0f} passes"),
+              (ax_time, [step_ms[m] for m in MICRO_SIZES], "step time (ms)", "{:,.1f} ms"))
+    for ax, values, label, fmt in panels:
+        ax.plot(sizes, values, "o-", color="#4c72b0")
+        ax.plot([micro], [values[log2_micro]], "o", ms=14, mfc="none", color="#c44e52")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("micro-batch size")
-        ax.set_title(f"{label}:\n{values[log2_micro]:,.1f}", fontsize=9)
-    ax_mem.axhline(act_bytes[BATCH] / KB, color="k", ls="--", lw=0.8, label="full batch")
-    ax_mem.legend(fontsize=7, frameon=False)
+        ax.set_xlabel("micro-batch size (examples)")
+        ax.set_ylabel(label)
+        ax.set_title(fmt.format(values[log2_micro]))
+    ax_mem.axhline(act_bytes[BATCH] / KB, color="k", ls="--", lw=1, label="full batch")
+    ax_mem.legend(loc="lower right")
 
 
-slider_plot(draw, ncols=3, figsize=(11, 3.4), log2_micro=(0, int(math.log2(BATCH)), 1),
-            defaults={"log2_micro": 5})
+slider_plot(draw, ncols=3, figsize=(12, 3.8), log2_micro=(0, int(math.log2(BATCH)), 1),
+            defaults={"log2_micro": 5}, labels={"log2_micro": lambda v: f"micro-batch size: {2 ** v}"},
+            explain={"log2_micro": f"examples per forward and backward; gradients of {BATCH} are accumulated per update"},
+            notice={"log2_micro": lambda log2_micro: f"micro-batch {2 ** log2_micro}: activations "
+                                                    f"{act_bytes[2 ** log2_micro] / act_bytes[BATCH]:.0%} of the full "
+                                                    f"batch's, {BATCH // 2 ** log2_micro} passes, the same update"})
 
 # %% [markdown]
 # ## 8. What practice reports vs what we measured

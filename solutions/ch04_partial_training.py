@@ -743,6 +743,7 @@ widget_acts = {key: activations_per_batch(m) for key, m in widget_models.items()
 
 def draw(ax, batch=BATCH):
     pos = np.arange(len(MODES))
+    top = 1.45 * max(sum(widget_state[k].values()) + widget_acts[k][batch] for k in widget_state) / KIB
     for offset, bit, label in ((-0.2, False, "nn.ReLU"), (0.2, True, "1-bit ReLU")):
         state = [sum(widget_state[mode, bit].values()) / KIB for mode in MODES]
         acts = [widget_acts[mode, bit][batch] / KIB for mode in MODES]
@@ -750,16 +751,26 @@ def draw(ax, batch=BATCH):
                label="weights + grads + Adam" if not bit else None)
         bars = ax.bar(pos + offset, acts, width=0.38, bottom=state, color=[COLORS[m] for m in MODES],
                       hatch="//" if bit else None, edgecolor="k", lw=0.4, label=f"activations, {label}")
-        # The bar is the whole step (state + activations); its label gives both parts' sum and the activations.
-        ax.bar_label(bars, labels=[f"{s + a:,.0f}\nact. {a:,.0f}" for s, a in zip(state, acts)], fontsize=6)
-    ax.set_xticks(pos, [f"{m}\n(left: nn.ReLU, right: 1-bit)" for m in MODES], fontsize=7)
-    ax.set_ylabel("training memory (KiB): weights + grads + Adam\n(grey) + activations (colour)", fontsize=8)
-    ax.set_title(f"batch {batch}; on each bar: its total, then the activations in it (KiB)", fontsize=9)
-    ax.margins(y=0.15)  # room for the labels above the tallest bar
-    ax.legend(fontsize=7, frameon=False, loc="upper right")
+        # Each label says what it counts: the whole bar (state + activations) above it, the
+        # activations alone inside their coloured part.
+        ax.bar_label(bars, labels=[f"{s + a:,.0f}" for s, a in zip(state, acts)])
+        ax.bar_label(bars, labels=[f"{a:,.0f}" if a > 0.08 * top else "" for a in acts], label_type="center",
+                     color="white", weight="bold")
+    ax.set_xticks(pos, MODES)
+    ax.set_xlabel("trained parameters (left bar: nn.ReLU, right bar: 1-bit ReLU)")
+    ax.set_ylabel("training memory (KiB)")
+    ax.set_title(f"batch {batch}: total KiB above each bar, activations inside (where they fit)")
+    ax.set_ylim(0, top)
+    ax.legend(loc="upper right", ncols=3)
 
 
-slider_plot(draw, figsize=(9, 4), batch=(8, fast(256, 64), 8), defaults={"batch": BATCH})
+slider_plot(draw, figsize=(10, 4.6), batch=(8, fast(256, 64), 8), defaults={"batch": BATCH},
+            labels={"batch": "batch size (images)"},
+            explain={"batch": "images per step: the activations grow with it, weights, grads and Adam do not"},
+            notice={"batch": lambda batch: (
+                lambda plain, packed: f"batch {batch}: the 1-bit ReLU saves {(plain - packed) / KIB:,.0f} KiB of "
+                                      f"bias+last's activations ({1 - packed / plain:.0%})")(
+                widget_acts["bias+last", False][batch], widget_acts["bias+last", True][batch])})
 
 # %% [markdown]
 # At small batches the frozen weights (the grey bars) dominate every partial recipe; at a

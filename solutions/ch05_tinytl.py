@@ -908,14 +908,18 @@ def draw(axes, downsample=2):
     for mode, r in results.items():
         ax_modes.bar(mode, r["memory"] / KIB, color=COLORS[mode], alpha=0.35)
         ax_modes.bar(mode, r["act"] / KIB, color=COLORS[mode])
-        ax_modes.text(mode, r["memory"] / KIB, f"{r['acc']:.0%}", ha="center", va="bottom", fontsize=8)
+        ax_modes.text(mode, r["memory"] / KIB, f"{r['acc']:.0%}", ha="center", va="bottom")
     tiny = sweep[downsample]
     ax_modes.bar("TinyTL", tiny["memory"] / KIB, fill=False, edgecolor="black", ls="--", label=f"TinyTL, d={downsample}")
+    ax_modes.bar("TinyTL", 0, color="#999999", label="dark: activations")  # legend entries for the shades
+    ax_modes.bar("TinyTL", 0, color="#999999", alpha=0.35, label="light: + weights, grads, Adam")
     ax_modes.set_yscale("log")
-    ax_modes.set_ylabel("KiB (dark: activations, light: + weights, grads, Adam)")
-    ax_modes.set_title("training memory per mode (label: accuracy)", fontsize=9)
-    ax_modes.tick_params(axis="x", labelsize=8)
-    ax_modes.legend(fontsize=7, frameon=False)
+    ax_modes.set_ylabel("training memory (KiB)")
+    names = list(dict.fromkeys([*results, "TinyTL"]))  # the categories, in the order they were drawn
+    ax_modes.set_xticks(range(len(names)), [m.replace("+", "+\n") for m in names])
+    ax_modes.set_title("per mode (above the bar: accuracy)")
+    ax_modes.set_ylim(top=ax_modes.get_ylim()[1] * 30)  # room for the legend above the bars
+    ax_modes.legend(loc="upper left", ncols=2)
     ds = sorted(sweep)
     ax_d.plot(FACTORS, [totals[d] / KIB for d in FACTORS], "o-", color="#c44e52", label="TinyTL activations")
     ax_d.axhline(results["full"]["act"] / KIB, color="#4c72b0", ls="--", lw=1, label="full fine-tuning")
@@ -928,14 +932,19 @@ def draw(axes, downsample=2):
     ax_acc = ax_d.twinx()
     ax_acc.plot(ds, [sweep[d]["acc"] for d in ds], "s--", color="#55a868", label="accuracy (trained)")
     ax_acc.set_ylim(0, 1)
-    ax_acc.set_ylabel("accuracy")
+    ax_acc.spines["right"].set_visible(True)
+    ax_acc.set_ylabel("accuracy (trained, green)")
     ax_d.set_title(f"d={downsample}: {tiny['act'] / KIB:,.0f} KiB ({results['full']['act'] / tiny['act']:.1f}× "
-                   f"less than full), accuracy {tiny['acc']:.1%}", fontsize=9)
-    ax_d.legend(fontsize=7, frameon=False, loc="center left")
-    ax_acc.legend(fontsize=7, frameon=False, loc="center right")
+                   f"less than full), {tiny['acc']:.0%}")
+    lines = ax_d.get_legend_handles_labels()[0] + ax_acc.get_legend_handles_labels()[0]
+    ax_acc.legend(lines, [line.get_label() for line in lines], loc="lower left")
 
 
-slider_plot(draw, ncols=2, figsize=(12, 4), defaults={"downsample": 2}, downsample=sorted(sweep))
+slider_plot(draw, ncols=2, figsize=(12, 4.6), defaults={"downsample": 2}, downsample=sorted(sweep),
+            labels={"downsample": "lite residual pooling factor d"},
+            explain={"downsample": "the lite residual branch works on a feature map pooled by d"},
+            notice={"downsample": lambda downsample: f"d = {downsample}: {sweep[downsample]['act'] / KIB:,.0f} KiB of "
+                                                     f"activations, accuracy {sweep[downsample]['acc']:.0%}"})
 
 
 # %% tags=["demo"]
@@ -948,18 +957,26 @@ def draw_scale(ax, batch=32, resolution=16):
         ax.bar(i, act / KIB, color=COLORS[mode], label="activations" if i == 0 else None)
         ax.bar(i, state / KIB, bottom=act / KIB, color=COLORS[mode], alpha=0.35,
                label="weights + grads + Adam" if i == 0 else None)
-        ax.text(i, memory[mode] / KIB, f"{memory[mode] / 2**20:,.2f} MiB", ha="center", va="bottom", fontsize=8)
+        ax.text(i, memory[mode] / KIB, f"{memory[mode] / 2**20:,.2f} MiB", ha="center", va="bottom")
     ax.set_xticks(range(len(SCALE_MODES)), SCALE_MODES)
     ax.set_yscale("log")
-    ax.set_ylabel("training memory (KiB, log scale)")
-    ax.legend(fontsize=7, frameon=False, loc="upper right")
+    ax.set_ylabel("training memory (KiB)")
+    ax.set_ylim(top=ax.get_ylim()[1] * 30)  # room for the labels and the legend
+    ax.legend(loc="upper right", ncols=2)
     ax.set_title(f"batch {batch}, {resolution}×{resolution} images: full / TinyTL = "
-                 f"{memory['full'] / memory['TinyTL']:.1f}×, TinyTL adds "
-                 f"{(memory['TinyTL'] - memory['bias+last']) / KIB:,.0f} KiB to bias+last", fontsize=9)
+                 f"{memory['full'] / memory['TinyTL']:.1f}×,\nTinyTL adds "
+                 f"{(memory['TinyTL'] - memory['bias+last']) / KIB:,.0f} KiB to bias+last")
 
 
-slider_plot(draw_scale, figsize=(7, 3.6), defaults={"batch": 32, "resolution": MOBILENET_SIZE},
-            batch=(2, 256, 2), resolution=RESOLUTIONS)
+slider_plot(draw_scale, figsize=(9, 4.6), defaults={"batch": 32, "resolution": MOBILENET_SIZE},
+            batch=(2, 256, 2), resolution=RESOLUTIONS,
+            labels={"batch": "batch size (images)", "resolution": "image size (pixels per side)"},
+            explain={"batch": "images per step: activations grow with it, the model state does not",
+                     "resolution": "side of the input images: activations grow with its square"},
+            notice={"batch": lambda batch, resolution: (
+                lambda total: f"{resolution}×{resolution}, batch {batch}: full fine-tuning needs "
+                              f"{total('full') / total('TinyTL'):.1f}× TinyTL's memory")(
+                lambda mode: scale[mode, resolution][1] + batch * scale[mode, resolution][0] + scale[mode, resolution][2])})
 
 # %%
 table({f"TinyTL, d={d}": sweep[d] for d in sorted(sweep)}, first="lite residual")

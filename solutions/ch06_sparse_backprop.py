@@ -771,30 +771,38 @@ def draw(axes, k=8):
     per_row = torch.zeros_like(g_layer2).scatter_(1, g_layer2.abs().topk(k, dim=1).indices, 1.0)
     cols = torch.zeros_like(g_layer2)
     cols[:, g_layer2.abs().sum(0).topk(k).indices] = 1.0
-    ax_mask.imshow(torch.cat([per_row, torch.full((2, 256), 0.5), cols]).numpy(), aspect="auto", cmap="Greys",
-                   interpolation="nearest")
-    ax_mask.set_yticks([12, 39], ["per example", "unified"])
+    # White: dropped, blue: kept, grey: the gap between the two masks (at k=256 every entry is kept).
+    cmap = plt.matplotlib.colors.ListedColormap(["#ffffff", "#bbbbbb", "#4c72b0"])
+    ax_mask.imshow(torch.cat([per_row, torch.full((2, 256), 0.5), cols]).numpy(), aspect="auto", cmap=cmap,
+                   vmin=0, vmax=1, interpolation="nearest")
+    ax_mask.set_yticks([12, 39], ["per\nexample", "unified"])
     ax_mask.set_xlabel("output unit of layer 2")
-    ax_mask.set_title(f"kept entries of g (k={k})", fontsize=9)
+    ax_mask.set_title(f"kept entries of g (blue): {k} of 256" + (", all" if k == 256 else ""))
     ks = np.arange(1, 257)
-    ax_flops.plot(ks, [useful_flops(int(v)) / 1e6 for v in ks], label="meProp, useful = unified, counter")
-    ax_flops.axhline(dense.backward_flops / 1e6, color="#4c72b0", ls="--", label="dense = per-example, counter")
+    ax_flops.plot(ks, [useful_flops(int(v)) / 1e6 for v in ks], label="meProp (useful = unified)")
+    ax_flops.axhline(dense.backward_flops / 1e6, color="#4c72b0", ls="--", label="dense (= per-example)")
     ax_flops.plot([k], [useful_flops(k) / 1e6], "o", color="black")
-    ax_flops.set_xlabel("k")
-    ax_flops.set_ylabel("backward MFLOP per step")
-    ax_flops.set_title(f"{useful_flops(k) / dense.backward_flops:.0%} of dense", fontsize=9)
-    ax_flops.legend(fontsize=7, frameon=False)
+    ax_flops.set_xlabel("kept entries k")
+    ax_flops.set_ylabel("backward MFLOP")
+    ax_flops.set_title(f"k={k}: {useful_flops(k) / dense.backward_flops:.0%} of dense")
+    ax_flops.legend(loc="lower right")
     for name, style in (("per-example", "o-"), ("unified", "s-")):
         ax_cos.plot(COS_K, cosine[name], style, label=f"cosine, {name}")
-    ax_cos.plot(sorted(uni_acc), [uni_acc[v] for v in sorted(uni_acc)], "^--", label="accuracy, unified (Adam)")
+    ax_cos.plot(sorted(uni_acc), [uni_acc[v] for v in sorted(uni_acc)], "^--", label="accuracy, unified")
     ax_cos.axvline(k, color="black", lw=0.8)
     ax_cos.set_xscale("log", base=2)
     ax_cos.set_ylim(0, 1.02)
-    ax_cos.set_xlabel("k")
-    ax_cos.legend(fontsize=7, frameon=False, loc="lower right")
+    ax_cos.set_xlabel("kept entries k")
+    ax_cos.set_ylabel("cosine; accuracy")
+    ax_cos.set_title(f"unified k={k}: accuracy {uni_acc[k]:.0%}" if k in uni_acc else "cosine to dense g, accuracy")
+    ax_cos.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22))  # under the axes: the curves fill them
 
 
-slider_plot(draw, ncols=3, figsize=(14, 3.6), k=(1, 256, 1), defaults={"k": 8})
+slider_plot(draw, ncols=3, figsize=(14, 5.2), k=(1, 256, 1), defaults={"k": 8},
+            labels={"k": lambda v: f"kept gradient entries k: {v} of 256"},
+            explain={"k": "output-gradient entries kept per layer (of 256); the others are dropped in backward"},
+            notice={"k": lambda k: f"k = {k}: {useful_flops(k) / dense.backward_flops:.0%} of dense backward FLOPs"
+                                   + (f", {100 * (uni_acc[k] - uni_acc[256]):+.1f} points of accuracy" if k in uni_acc else "")})
 
 # %% [markdown]
 # ## 9. What the paper reports vs what we measured

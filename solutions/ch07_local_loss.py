@@ -998,9 +998,8 @@ def gantt(ax, fwd, bwd, schedule, title):
     span = makespan(fwd, bwd, schedule)
     ax.set_yticks(range(len(fwd)), [f"block {k}" for k in range(len(fwd))])
     ax.invert_yaxis()
-    ax.set_xlabel("time")
-    ax.set_title(f"{title}: makespan {float(span):.1f}, utilisation {utilisation(fwd, bwd, len(F_[0]), span):.0%}",
-                 fontsize=9)
+    ax.set_xlabel("time (× one block's forward)")
+    ax.set_title(f"{title}\nmakespan {float(span):.1f}, utilisation {utilisation(fwd, bwd, len(F_[0]), span):.0%}")
 
 
 def draw_schedules(axes, blocks=4, batches=4, bwd_over_fwd=2.0, slow_block=1.0):
@@ -1015,9 +1014,26 @@ def draw_schedules(axes, blocks=4, batches=4, bwd_over_fwd=2.0, slow_block=1.0):
         ax.set_xlim(0, right)
 
 
-slider_plot(draw_schedules, ncols=2, figsize=(12, 3.8), blocks=(1, 8, 1), batches=(1, 8, 1),
+def busy_workers(blocks, batches, bwd_over_fwd, slow_block):
+    fwd = [1.0] * blocks
+    fwd[blocks // 2] *= slow_block
+    bwd = [bwd_over_fwd * f for f in fwd]
+    bp, dgl = bp_schedule(fwd, bwd, batches), dgl_schedule(fwd, bwd, batches)
+    return (f"workers busy: backprop {utilisation(fwd, bwd, batches, makespan(fwd, bwd, bp)):.0%}, "
+            f"local losses {utilisation(fwd, bwd, batches, makespan(fwd, bwd, dgl)):.0%}")
+
+
+slider_plot(draw_schedules, ncols=2, figsize=(12, 4.2), blocks=(1, 8, 1), batches=(1, 8, 1),
             bwd_over_fwd=(0.5, 3.0, 0.5), slow_block=(1.0, 4.0, 0.5),
-            defaults={"blocks": 4, "batches": 4, "bwd_over_fwd": 2.0, "slow_block": 1.0})
+            defaults={"blocks": 4, "batches": 4, "bwd_over_fwd": 2.0, "slow_block": 1.0},
+            labels={"blocks": lambda v: f"blocks (one worker each): {v}", "batches": lambda v: f"batches: {v}",
+                    "bwd_over_fwd": lambda v: f"backward time: {v:g}× forward",
+                    "slow_block": lambda v: f"middle block: {v:g}× slower"},
+            explain={"blocks": "blocks of the network, each on its own worker",
+                     "batches": "mini-batches in flight through the pipeline",
+                     "bwd_over_fwd": "how much longer a block's backward takes than its forward",
+                     "slow_block": "how much slower the middle block is than the others"},
+            notice={"batches": busy_workers})
 
 # %% [markdown]
 # With equal blocks, backprop keeps one worker busy at a time: utilisation is $1/K$. DGL fills
