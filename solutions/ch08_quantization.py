@@ -269,25 +269,37 @@ def stored_bits(value: float, fmt: str) -> tuple[str, float]:
 
 
 def draw_bits(ax, mantissa=1.0, power=-1):
-    value = mantissa * 10.0 ** power
-    ax.set_xlim(-5, 44)
+    value = mantissa * 10.0 ** power  # the reference, a Python float: float64, finite over the whole slider
+    ax.set_xlim(-5, 47)
     ax.set_ylim(-0.6, 2.6)
     ax.axis("off")
-    ax.set_title(f"x = {mantissa:g} × 10^{power} = {value:.8g}", fontsize=10)
+    ax.set_title(f"x = {mantissa:g} × $10^{{{power}}}$ = {value:.8g}")
     for row, (fmt, (E, M)) in enumerate(FIELDS.items()):
         bits, stored = stored_bits(value, fmt)
         y = 2 - row
-        ax.text(-0.7, y, fmt, ha="right", va="center", fontsize=9, weight="bold")
+        ax.text(-0.7, y, fmt, ha="right", va="center", weight="bold")
         for i, b in enumerate(bits):
             field = 0 if i == 0 else (1 if i <= E else 2)
             ax.add_patch(plt.Rectangle((i, y - 0.4), 0.95, 0.8, color=FIELD_COLORS[field]))
-            ax.text(i + 0.47, y, b, ha="center", va="center", fontsize=7, family="monospace")
-        rel = abs(stored - value) / abs(value) if value != 0 and math.isfinite(stored) else float("nan")
-        ax.text(len(bits) + 0.5, y, f"= {stored:.8g}\nrel. error {rel:.1e}", va="center", fontsize=7)
+            ax.text(i + 0.47, y, b, ha="center", va="center", family="monospace")
+        finfo = torch.finfo(FORMATS[fmt])
+        if not math.isfinite(stored):
+            verdict = f"overflow: |x| > max {finfo.max:.3g}"
+        elif stored == 0 and value != 0:
+            verdict = f"underflow to 0:\n|x| < {finfo.smallest_normal * finfo.eps:.2g}"
+        else:
+            rel = abs(stored - value) / abs(value) if value != 0 else 0.0
+            verdict = f"= {stored:.8g}\nrel. error {rel:.1e}"
+        ax.text(len(bits) + 0.5, y, verdict, va="center")
 
 
-slider_plot(draw_bits, figsize=(11, 2.6), mantissa=(-9.99, 9.99, 0.01), power=(-45, 39, 1),
-            defaults={"mantissa": 1.0, "power": -1})
+slider_plot(draw_bits, figsize=(11, 2.8), mantissa=(-9.99, 9.99, 0.01), power=(-45, 39, 1),
+            defaults={"mantissa": 1.0, "power": -1},
+            labels={"mantissa": "mantissa m (x = m × 10^p)", "power": "power of ten p"},
+            explain={"mantissa": "the decimal digits of x", "power": "the decimal exponent of x"},
+            notice={"power": lambda mantissa, power: "; ".join(
+                f"{fmt} {'overflows' if not math.isfinite(stored) else 'underflows' if stored == 0 and mantissa else 'holds it'}"
+                for fmt in FIELDS for stored in [stored_bits(mantissa * 10.0 ** power, fmt)[1]])})
 
 # %% [markdown]
 # ## 3. Integer quantization, block by block
@@ -880,21 +892,26 @@ def draw_bits_error(axes, bits=4):
     ax_hist.stairs(counts[bits], EDGES, lw=1.5, color="#c44e52", label=f"int{bits} absmax")
     ax_hist.set_yscale("log")
     ax_hist.set_xlabel("quantization error (weight units)")
+    ax_hist.set_ylabel("weights (count)")
     kb = (weights.numel() * bits / 8 + 4 * math.ceil(weights.numel() / 64)) / 1024
-    ax_hist.set_title(f"{bits} bits: rel. error {curve[bits]:.3f}, max |error| {errs[bits].abs().max():.4f}; "
-                      f"{kb:,.0f} KB instead of {weights.nbytes / 1024:,.0f} KB", fontsize=9)
-    ax_hist.legend(fontsize=8, frameon=False)
+    ax_hist.set_title(f"{bits} bits: rel. error {curve[bits]:.3f}, max |error| {errs[bits].abs().max():.4f};\n"
+                      f"{kb:,.0f} KB instead of {weights.nbytes / 1024:,.0f} KB")
+    ax_hist.legend(loc="upper left")
     ax_curve.plot([b + 0.5 for b in BITS], list(curve.values()), "o-", color="#c44e52", label="int absmax")
     ax_curve.plot([bits + 0.5], [curve[bits]], "o", ms=12, mfc="none", color="k")
     for fmt, marker in (("NF4", "s"), ("bf16", "^"), ("fp16", "v")):
         ax_curve.plot([memory[fmt][1]], [errors[fmt]["weights"]], marker, color="#4c72b0", label=fmt)
     ax_curve.set_yscale("log")
     ax_curve.set_xlabel("stored bits per parameter")
-    ax_curve.set_ylabel("relative error, TinyGPT weights")
-    ax_curve.legend(fontsize=8, frameon=False)
+    ax_curve.set_ylabel("relative error of the weights")
+    ax_curve.legend(loc="upper right")
 
 
-slider_plot(draw_bits_error, ncols=2, figsize=(11, 3.6), bits=(2, 8, 1), defaults={"bits": 4})
+slider_plot(draw_bits_error, ncols=2, figsize=(11, 4.2), bits=(2, 8, 1), defaults={"bits": 4},
+            labels={"bits": lambda v: f"absmax width: {v} bits"},
+            explain={"bits": "bits per weight of the integer absmax code (blocks of 64, one float32 scale each)"},
+            notice={"bits": lambda bits: f"int{bits}: relative error {curve[bits]:.3f}, "
+                                         f"NF4 (4 bits): {errors['NF4']['weights']:.3f}"})
 
 # %%
 print("relative error, one bit fewer / one bit more: " + ", ".join(

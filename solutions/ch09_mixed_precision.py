@@ -868,11 +868,18 @@ def draw(ax, log2_scale=0):
     ax.axvspan(-24, -14, color="#dddddd", zorder=0)
     for v in (-24, -14, math.log2(FP16_MAX)):
         ax.axvline(v, color="#c44e52", lw=1)
-    ax.set(xlabel="log2 |g × S|", ylabel="count", title=f"S = 2^{log2_scale}")
-    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    ax.set(xlabel="log2 |g × S| (binary exponent of the scaled gradient)", ylabel="gradient entries (count)",
+           title=f"S = $2^{{{log2_scale}}}$ (shaded: fp16 subnormals; red lines: subnormal, normal, max)")
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.35)  # room for the legend above the histograms
+    ax.legend(loc="upper left")
 
 
-slider_plot(draw, figsize=(9, 3.6), log2_scale=(0, 32, 1))
+slider_plot(draw, figsize=(10, 4.6), log2_scale=(0, 32, 1),
+            labels={"log2_scale": lambda v: f"loss scale S: 2^{v} = {2 ** v:,}"},
+            explain={"log2_scale": "the loss is multiplied by S before backward, so every gradient is too"},
+            notice={"log2_scale": lambda log2_scale: "; ".join(
+                f"{t}: {fate['zero']:.1%} lost to 0, {fate['inf']:.2%} overflow"
+                for t in grads for fate in [fp16_fate(grads[t]["activation"], 2.0 ** log2_scale)])})
 
 # %% [markdown]
 # ## 8. What the paper reports vs what we measured

@@ -909,17 +909,25 @@ def draw_io(axes, n=4096, block=64, d=64):
         ax.loglog(grid, curves[:, b] / MB, color="#4c72b0", label=f"tiled, block {block}")
         ax.plot([n, n], [here[a] / MB, here[b] / MB], "ko", ms=4)
         ax.axvline(n, color="gray", lw=0.6)
-        ax.set_xlabel("sequence length N")
+        ax.set_xlabel("sequence length N (tokens)")
         ax.set_ylabel("MB per head")
-        ax.set_title(f"{title}: {here[a] / here[b]:,.1f}× at N={n:,}", fontsize=9)
-        ax.legend(frameon=False, fontsize=8)
+        ax.set_title(f"{title}:\n{here[a] / here[b]:,.1f}× at N={n:,}")
+        ax.legend(loc="upper left")
     fits = "fits in" if here[4] <= 192 * KB else "exceeds"
-    ax_io.text(0.02, 0.02, f"tile needs {here[4] / KB:,.0f} KB of SRAM: {fits} 192 KB", transform=ax_io.transAxes,
-               fontsize=8)
+    ax_io.text(0.98, 0.02, f"tile needs {here[4] / KB:,.0f} KB of SRAM:\n{fits} 192 KB", transform=ax_io.transAxes,
+               ha="right")
 
 
-slider_plot(draw_io, ncols=2, figsize=(11, 3.6), n=(256, 65536, 256), block=(16, 256, 16), d=[64, 128],
-            defaults={"n": 4096, "block": 64})
+slider_plot(draw_io, ncols=2, figsize=(11, 4.4), n=(256, 65536, 256), block=(16, 256, 16), d=[64, 128],
+            defaults={"n": 4096, "block": 64},
+            labels={"n": lambda v: f"sequence length N: {v:,} tokens", "block": lambda v: f"tile: {v} rows",
+                    "d": "head dimension d"},
+            explain={"n": "tokens per sequence: the standard scores grow with N²",
+                     "block": "rows of Q (and of K, V) per tile held in fast on-chip memory",
+                     "d": "features per head"},
+            notice={"n": lambda n, block, d: (lambda m: f"N = {n:,}: tiled attention keeps {m[0] / m[1]:,.0f}× less "
+                                                         f"memory and moves {m[2] / m[3]:.1f}× fewer bytes")(
+                io_model(n, d, block))})
 
 # %% [markdown]
 # **Which tiles are visited.** The forward pass in program order: each row of tiles is one query
@@ -943,12 +951,19 @@ def draw_tiles(ax, n=512, block=64, causal=True, progress=60):
     ax.imshow(state, cmap=cmap, vmin=0, vmax=3)
     ax.set_xlabel("key block j")
     ax.set_ylabel("query block i")
-    ax.set_title(f"{len(done)} of {len(order)} tiles visited; {t * t - len(order)} of {t * t} skipped "
-                 f"({'causal' if causal else 'full'})", fontsize=9)
+    ax.set_title(f"{len(done)} of {len(order)} tiles visited;\n{t * t - len(order)} of {t * t} skipped "
+                 f"({'causal' if causal else 'full'})")
 
 
-slider_plot(draw_tiles, figsize=(5, 4.2), n=(64, 1024, 64), block=(16, 128, 16), causal=[True, False],
-            progress=(0, 100, 5), defaults={"n": 512, "block": 64, "progress": 60})
+slider_plot(draw_tiles, figsize=(5, 4.6), n=(64, 1024, 64), block=(16, 128, 16), causal=[True, False],
+            progress=(0, 100, 5), defaults={"n": 512, "block": 64, "progress": 60},
+            labels={"n": lambda v: f"sequence length N: {v} tokens", "block": lambda v: f"tile: {v} × {v}",
+                    "causal": "causal mask", "progress": lambda v: f"progress: {v}%"},
+            explain={"n": "tokens per sequence", "block": "query and key rows per tile",
+                     "causal": "skip the tiles above the diagonal", "progress": "how far the outer loop has gone"},
+            notice={"causal": lambda n, block, causal, progress: (
+                f"{'causal' if causal else 'full'}: {math.ceil(n / block) ** 2} tiles of {block}×{block}, the "
+                f"N×N scores never stored")})
 
 # %% [markdown]
 # ## 9. What the papers report vs what we measured

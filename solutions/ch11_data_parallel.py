@@ -1066,11 +1066,11 @@ def draw_zero(axes, billions=7.5, log2_ranks=6, convention="mixed precision (2+2
         ax.bar(names, part, bottom=bottom, color=color, label=what)
         bottom += part
     for i, m in enumerate(mem):
-        ax.text(i, m, f"{m:,.1f} GB", ha="center", va="bottom", fontsize=10)
-    ax.legend(frameon=False, fontsize=9)
+        ax.text(i, m, f"{m:,.1f} GB", ha="center", va="bottom")
+    ax.legend(loc="upper right")
     ax.set_ylabel("model state per rank (GB)")
-    ax.set_title(f"{billions:g}B parameters on {n} ranks", fontsize=11)
-    ax.set_ylim(0, max(mem) * 1.15)
+    ax.set_title(f"{billions:g}B parameters on {n} ranks")
+    ax.set_ylim(0, max(mem) * 1.5)  # room for the totals and the legend
     ax = axes[1]
     ranks = [2 ** i for i in range(0, 11)]
     for s, style in ((0, "o-"), (3, "s--")):
@@ -1079,14 +1079,23 @@ def draw_zero(axes, billions=7.5, log2_ranks=6, convention="mixed precision (2+2
     ax.axvline(n, color="k", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("ranks N")
-    ax.set_ylabel("elements sent per rank per step / Psi")
-    ax.legend(frameon=False)
-    ax.set_title("communication per rank", fontsize=11)
+    ax.set_ylabel("sent per rank, step (× Ψ)")
+    ax.legend(loc="lower right")
+    ax.set_title("communication per rank")
 
 
-slider_plot(draw_zero, ncols=2, figsize=(12, 4), billions=(0.5, 70.0, 0.5), log2_ranks=(0, 10, 1),
+slider_plot(draw_zero, ncols=2, figsize=(12, 4.6), billions=(0.5, 70.0, 0.5), log2_ranks=(0, 10, 1),
             convention=list(CONVENTIONS), defaults={"billions": 7.5, "log2_ranks": 6,
-                                                     "convention": "mixed precision (2+2+12)"})
+                                                     "convention": "mixed precision (2+2+12)"},
+            labels={"billions": lambda v: f"model size: {v:g} billion parameters",
+                    "log2_ranks": lambda v: f"data-parallel ranks: {2 ** v:,}",
+                    "convention": "bytes per parameter (weights + grads + optimizer)"},
+            explain={"billions": "parameters of the model (Ψ)",
+                     "log2_ranks": "data-parallel ranks sharing the optimizer state, gradients and weights",
+                     "convention": "bytes per parameter: weights + gradients + optimizer state"},
+            notice={"log2_ranks": lambda billions, log2_ranks, convention: (
+                f"{2 ** log2_ranks} ranks: ZeRO-3 holds {zero_memory(int(billions * 1e9), 2 ** log2_ranks, 3, *CONVENTIONS[convention]) / GB:,.1f} GB "
+                f"per rank, DP {zero_memory(int(billions * 1e9), 2 ** log2_ranks, 0, *CONVENTIONS[convention]) / GB:,.1f} GB")})
 
 # %% [markdown]
 # ## 8. What the paper says vs what we measured
