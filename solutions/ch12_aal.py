@@ -760,14 +760,19 @@ def draw_choice(axes, layers="layers 2-3"):
     ax_acc.bar(names, [choice_acc[n] for n in names], color=["#dd8452" if n == layers else "#4c72b0" for n in names])
     ax_acc.set_ylim(min(choice_acc.values()) - 0.05, 1.0)
     ax_acc.set_ylabel("test accuracy")
-    ax_acc.tick_params(axis="x", labelsize=7)
+    ax_acc.set_xticks(range(len(names)), [n.replace(" ", "\n", 1) for n in names])
+    ax_acc.set_xlabel("layers trained with auxiliary activations")
     ax_bytes.bar(["Linear 1", "Linear 2", "Linear 3"], choice_bytes[layers])
     ax_bytes.set_yscale("log")
-    ax_bytes.set_ylabel("bytes kept for ∂W (batch 50)")
-    ax_bytes.set_title(f"{layers}: {choice_acc[layers]:.1%}, {sum(choice_bytes[layers]):,} bytes", fontsize=9)
+    ax_bytes.set_ylabel("kept for ∂W (bytes, batch 50)")
+    ax_bytes.set_title(f"{layers}: {choice_acc[layers]:.1%}, {sum(choice_bytes[layers]):,} bytes")
 
 
-slider_plot(draw_choice, ncols=2, figsize=(10, 3.4), layers=list(CHOICES), defaults={"layers": "layers 2-3"})
+slider_plot(draw_choice, ncols=2, figsize=(11, 4.4), layers=list(CHOICES), defaults={"layers": "layers 2-3"},
+            labels={"layers": "layers with auxiliary activations"},
+            explain={"layers": "which Linear layers compute ∂W from 1-bit auxiliary activations"},
+            notice={"layers": lambda layers: f"{layers}: accuracy {choice_acc[layers]:.1%}, "
+                                             f"{sum(choice_bytes[layers]):,} bytes kept for ∂W"})
 
 # %% [markdown]
 # ## 9. What the paper reports vs what we measured

@@ -1059,13 +1059,18 @@ def draw(ax, budget_index=6):
     ax.set_yscale("log", base=2)
     ax.set_yticks([0.5, 2, 4, 8, 32], ["AQ", "2", "4", "8", "32"])
     ax.set_xlabel("saved tensor (in saving order)")
-    ax.set_ylabel("bits")
-    ax.set_title(f"budget {avg} bits/element: {slider_bits[avg] / sum(sizes):.2f} bits stored per element "
-                 f"({32 * sum(sizes) / slider_bits[avg]:.1f}x less than float32), model error "
-                 f"{slider_error[avg]:.3g}", fontsize=8)
+    ax.set_ylabel("bits per element")
+    ax.set_title(f"budget {avg} bits/element: {slider_bits[avg] / sum(sizes):.2f} stored "
+                 f"({32 * sum(sizes) / slider_bits[avg]:.1f}× less than float32),\nmodel error "
+                 f"{slider_error[avg]:.3g}")
 
 
-slider_plot(draw, figsize=(8, 3), budget_index=(0, len(SLIDER_BUDGETS) - 1))
+slider_plot(draw, figsize=(9, 4), budget_index=(0, len(SLIDER_BUDGETS) - 1),
+            labels={"budget_index": lambda i: f"bit budget: {SLIDER_BUDGETS[i]:g} bits per element"},
+            explain={"budget_index": "average bits per saved element that the allocation may spend"},
+            notice={"budget_index": lambda budget_index: (
+                lambda avg: f"{avg:g} bits/element: {32 * sum(sizes) / slider_bits[avg]:.1f}× smaller than float32, "
+                            f"model error {slider_error[avg]:.3g}")(SLIDER_BUDGETS[budget_index])})
 
 # %% [markdown]
 # ## 7. Exercise: AQ as a Triton kernel

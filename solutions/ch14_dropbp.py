@@ -784,22 +784,32 @@ def draw_rate(axes, rate=0.5):
     ax_cost, ax_acc = axes
     r = min(RATES, key=lambda v: abs(v - rate))
     c = cost[r]
-    ax_cost.bar(["forward", "backward", "resident KB / 10"], [c["fwd"] / 1e6, c["bwd"] / 1e6, c["resident"] / 10240],
-                color="#4c72b0")
-    ax_cost.bar(["forward", "backward", "resident KB / 10"], [base["fwd"] / 1e6, base["bwd"] / 1e6,
-                base["resident"] / 10240], fill=False, edgecolor="k", ls="--", label="no drops")
-    ax_cost.set_title(f"rate {r:.3f}: one step (MFLOP, KB)", fontsize=9)
-    ax_cost.legend(fontsize=7, frameon=False)
+    names = ["forward\n(MFLOP)", "backward\n(MFLOP)", "kept activations\n(× 10 KB)"]
+    ax_cost.bar(names, [c["fwd"] / 1e6, c["bwd"] / 1e6, c["resident"] / 10240], color="#4c72b0",
+                label=f"drop rate {r:.3f}")
+    ax_cost.bar(names, [base["fwd"] / 1e6, base["bwd"] / 1e6, base["resident"] / 10240], fill=False, edgecolor="k",
+                ls="--", label="no drops")
+    ax_cost.set_ylabel("cost of one step (unit below)")
+    ax_cost.set_title(f"drop rate {r:.3f}: one step")
+    ax_cost.set_ylim(top=ax_cost.get_ylim()[1] * 1.25)
+    ax_cost.legend(loc="upper left")
     ax_acc.plot(list(acc_uniform), list(acc_uniform.values()), "o-", label="uniform, same steps")
     ax_acc.plot(list(acc_same_flops), list(acc_same_flops.values()), "s--", label="uniform, same FLOPs")
     ax_acc.axvline(rate, color="#dd8452")
-    ax_acc.set_ylim(0, 1.05)
-    ax_acc.set_xlabel("average rate")
+    ax_acc.set_ylim(0, 1.4)  # room for the legend above the curves
+    ax_acc.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax_acc.set_xlabel("average drop rate")
     ax_acc.set_ylabel("test accuracy (Pell)")
-    ax_acc.legend(fontsize=7, frameon=False)
+    ax_acc.legend(loc="upper right")
 
 
-slider_plot(draw_rate, ncols=2, figsize=(10, 3.4), rate=(0.0, 1.0, 0.125), defaults={"rate": 0.5})
+slider_plot(draw_rate, ncols=2, figsize=(11, 4.4), rate=(0.0, 1.0, 0.125), defaults={"rate": 0.5},
+            labels={"rate": lambda v: f"drop rate: {v:.3f} of the sublayers' backward"},
+            explain={"rate": "the share of residual sublayers whose backward is skipped, on average"},
+            notice={"rate": lambda rate: (
+                lambda r: f"rate {r:.3f}: backward {cost[r]['bwd'] / base['bwd']:.0%} of the full one"
+                          + (f", accuracy {acc_uniform[r]:.0%}" if r in acc_uniform else ""))(
+                min(RATES, key=lambda v: abs(v - rate)))})
 
 # %% [markdown]
 # ## 11. What the paper reports vs what we measured

@@ -907,7 +907,8 @@ for r in SLIDER_RANKS:
 # %% tags=["demo"]
 def draw(axes, rank=8):
     ax_p, ax_a = axes
-    for ax, key, unit, scale in ((ax_p, "trainable", "trainable parameters", 1), (ax_a, "activations", "KB kept", KB)):
+    for ax, key, unit, scale in ((ax_p, "trainable", "trainable parameters (count)", 1),
+                                 (ax_a, "activations", "activations kept (KB)", KB)):
         for i, method in enumerate(("LoRA", "PaCA")):
             ax.plot(SLIDER_RANKS, [by_rank[r][method][key] / scale for r in SLIDER_RANKS], "o-",
                     color=("#4c72b0", "#dd8452")[i], label=method)
@@ -916,12 +917,17 @@ def draw(axes, rank=8):
         ax.set_xticks(SLIDER_RANKS, [str(r) for r in SLIDER_RANKS])
         ax.set_xlabel("rank r")
         ax.set_ylabel(unit)
-        ax.legend(frameon=False, fontsize=8)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.3)  # room for the legend above the curves
+        ax.legend(loc="upper left", ncols=2)
     ax_a.set_title(f"r={rank}: PaCA keeps {by_rank[rank]['PaCA']['activations'] / by_rank[rank]['LoRA']['activations']:.0%}"
-                   " of LoRA's activations", fontsize=9)
+                   " of LoRA's activations")
 
 
-slider_plot(draw, ncols=2, figsize=(11, 3.6), rank=SLIDER_RANKS, defaults={"rank": 8})
+slider_plot(draw, ncols=2, figsize=(11, 4.2), rank=SLIDER_RANKS, defaults={"rank": 8}, labels={"rank": "rank r"},
+            explain={"rank": "columns trained per layer (PaCA) or width of B A (LoRA)"},
+            notice={"rank": lambda rank: f"r = {rank}: PaCA keeps "
+                                         f"{by_rank[rank]['PaCA']['activations'] / by_rank[rank]['LoRA']['activations']:.0%}"
+                                         f" of LoRA's activations"})
 
 # %% [markdown]
 # ## 9. What the papers report vs what we measured
