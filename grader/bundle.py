@@ -21,6 +21,7 @@ import re
 import shutil
 import tempfile
 import tomllib
+import zipfile
 from pathlib import Path
 
 from grader.notebooks import COURSE, ROOT, chapters
@@ -187,8 +188,6 @@ def build(out: Path, zip_path: Path | None = None) -> list[Path]:
 def _zip(tree: Path, zip_path: Path, top: str) -> None:
     zip_path.parent.mkdir(parents=True, exist_ok=True)
     part = zip_path.with_name(zip_path.name + ".part")
-    import zipfile
-
     with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as z:
         for p in sorted(tree.rglob("*")):
             if p.is_file():

@@ -101,7 +101,7 @@ def read_roster(path: Path) -> list[str]:
     return ids
 
 
-def collect(out: Path, db_url: str | None = None, roster: Path | None = None, progress: bool = True) -> Report:
+def gather(out: Path, db_url: str | None = None, roster: Path | None = None, progress: bool = True) -> Report:
     """Everything the report shows, read from ``out`` and its gradebook (see the module's docstring)."""
     out = Path(out)
     db_url = db_url or f"sqlite:///{(out / 'gradebook.db').resolve()}"
@@ -332,5 +332,5 @@ def _html(rep: Report, chapter_rows, problem_rows, handed_in) -> str:
 def report(out: Path, db_url: str | None = None, dest: Path | None = None, roster: Path | None = None,
            progress: bool = True) -> list[Path]:
     """Read ``out`` (and its gradebook) and write the report to ``dest`` (default ``out/report``)."""
-    rep = collect(out, db_url, roster, progress=progress)
+    rep = gather(out, db_url, roster, progress=progress)
     return write(rep, Path(dest) if dest else Path(out) / "report")

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, AUTOGRADE
+from conftest import ROOT, AUTOGRADE, UNISOLATED
 import graded_once
 import profiling
 import second_submissions
 from grader import gradebook
+from grader.autograde import autograde
 from grader.sandbox.handles import POISON_ENV
 from submissions import blank, reference, with_outputs, write
 
@@ -133,7 +134,10 @@ def test_a_ch00_regrade_replaces_its_rows_in_postgresql(graded):
     before = _row_counts(url)
     sub = tmp_path_factory.mktemp("regrade")
     write(sub, "blank", CHAPTER, reference(CHAPTER))  # blank hands in again, now with answers
-    _finish(_autograde(sub, tmp_path_factory.mktemp("out-regrade"), url))
+    with profiling.cost("graded batch", "ch00 re-graded into PostgreSQL, in this process"):
+        (result,) = autograde(sub, tmp_path_factory.mktemp("out-regrade"), db_url=url, progress=False,
+                              log=lambda *args, **kwargs: None, unisolated=bool(UNISOLATED))
+    assert result.score == result.max_score > 0
     assert _row_counts(url) == before, "a re-grade added rows instead of replacing them"
     after = {s.student: s for s in gradebook.read(url).submissions}
     assert after["blank"].score == after["blank"].max_score > 0
