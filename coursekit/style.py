@@ -9,7 +9,7 @@ as the lecture page and the type large enough for the back row.
 
 :func:`check_figure` lists what makes a figure illegible: text smaller than the style's
 smallest size, a numeric axis without a label, text outside the figure, a label taller or wider
-than its axes, a legend over the data's markers. ``slider_plot`` runs it on every demo figure
+than its axes, a legend over the data's markers or over other text. ``slider_plot`` runs it on every demo figure
 when ``COURSE_CHECK_FIGURES=1``, and in fast mode on the draw functions a notebook defines, so
 the test suite's runs of every chapter check every demo figure at its default values.
 """
@@ -191,6 +191,12 @@ def check_figure(fig, where: str = "figure", lecture_look: bool | None = None) -
         legend = ax.get_legend()
         if legend is not None and legend.get_visible():
             lbox = legend.get_window_extent(renderer)
+            own = {id(t) for t in legend.get_texts()}
+            for what, t, _ in _texts(fig):
+                if (id(t) not in own and t.get_visible() and t.get_text().strip()
+                        and lbox.overlaps(t.get_window_extent(renderer))):
+                    problems.append(f"{where}: axes {i}'s legend lies over the {what} {t.get_text()[:30]!r}")
+                    break
             for line in ax.get_lines():
                 if line.get_marker() in (None, "", "None", " ") or not line.get_visible():
                     continue

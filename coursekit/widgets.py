@@ -163,7 +163,7 @@ def slider_plot(draw: Callable, ncols: int = 1, figsize=(7, 3.5), defaults: dict
     def current() -> dict:
         return {**values, **{n: w.value for n, w in inputs.items()}}
 
-    def render() -> dict:
+    def render(check: bool = False) -> dict:
         now = current()
         if check:  # a figure is shown in both looks: the one not in use is checked too
             render_figure(draw, ncols, figsize, now, check=True, lecture_look=not style.lecture())
@@ -199,7 +199,9 @@ def slider_plot(draw: Callable, ncols: int = 1, figsize=(7, 3.5), defaults: dict
         redraw()
 
     relabel()
-    out.outputs = (render(),)  # the first figure: an error here fails the cell
+    # The first figure, at the defaults, is the one checked: an error here fails the cell. Redraws
+    # are not checked, so that a lecture never shows an error where a plot was.
+    out.outputs = (render(check),)
     for w in inputs.values():
         w.observe(redraw, names="value")
     rows = []

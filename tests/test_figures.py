@@ -133,6 +133,8 @@ DEFECTS = [
     ("no x label", lambda ax: (_good(ax), ax.set_xlabel("")), "no x label"),
     ("legend over the markers", lambda ax: (_good(ax), ax.plot(range(30), range(30), "s", label="many"),
                                             ax.legend(loc="center")), "legend covers"),
+    ("legend over a text", lambda ax: (_good(ax), ax.text(0.97, 0.97, "a note here", ha="right", va="top",
+                                                          transform=ax.transAxes)), "legend lies over"),
     ("text outside", lambda ax: (_good(ax), ax.figure.text(1.01, 0.5, "far away")), "outside the figure"),
     ("tall y label", lambda ax: (_good(ax), ax.set_ylabel("a y label that goes on and on " * 3)), "taller than its plot"),
     ("tick labels overlap", lambda ax: (_good(ax), ax.set_xticks([1, 1.05], ["a long category", "another one"])),
