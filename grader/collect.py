@@ -144,6 +144,8 @@ def collect(src: Path, out: Path, replace: bool = False) -> list[Entry]:
     _pick(entries)
     if out.resolve().is_relative_to(src.resolve()):
         raise ValueError(f"OUT ({out}) must not lie inside SRC ({src})")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"OUT ({out}) exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     for e in entries:
         if e.status:

@@ -109,3 +109,7 @@ def test_bad_folders_are_refused(tmp_path):
     _put(tmp_path, "alice_ch00_memory.ipynb")
     with pytest.raises(ValueError, match="must not lie inside SRC"):
         collect(tmp_path, tmp_path / "out")
+    _put(tmp_path / "src", "alice_ch00_memory.ipynb")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ValueError, match="exists and is not a folder"):
+        collect(tmp_path / "src", tmp_path / "a-file")
