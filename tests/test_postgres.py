@@ -21,13 +21,14 @@ from conftest import ROOT, AUTOGRADE, UNISOLATED
 import graded_once
 import profiling
 import second_submissions
-from grader import gradebook
+from grader import gradebook, report
 from grader.autograde import autograde
 from grader.sandbox.handles import POISON_ENV
 from submissions import blank, reference, with_outputs, write
 
 pytestmark = pytest.mark.xdist_group("postgres")  # one server, one worker; the re-grade follows the batch
 CHAPTER = "ch00_memory"
+EXERCISE = "predict_training_memory"
 
 
 def _bin_dir() -> Path | None:
@@ -114,11 +115,11 @@ def graded(server, tmp_path_factory):
         procs = [_autograde(sub_a, outs[0], server), _autograde(sub_b, outs[1], server)]
         for proc in procs:
             _finish(proc)
-    return server, tmp_path_factory
+    return server, tmp_path_factory, outs
 
 
 def test_ch00_graded_by_two_processes_at_once_into_a_new_postgresql_gradebook_equals_sqlite(graded):
-    url, _ = graded
+    url, _, outs = graded
     students = graded_once.STUDENTS
     in_postgres = gradebook.read(url)
     sqlite = gradebook.read(f"sqlite:///{graded_once.batch() / 'gradebook.db'}")
@@ -127,10 +128,14 @@ def test_ch00_graded_by_two_processes_at_once_into_a_new_postgresql_gradebook_eq
     assert in_postgres.chapters[CHAPTER] == sqlite.chapters[CHAPTER]
     scores = {s.student: (s.score, s.max_score) for s in in_postgres.submissions}
     assert scores["reference"][0] == scores["reference"][1] > 0 and scores["blank"][0] == 0
+    # The class report reads the same gradebook (the feedback pages of the first grader's OUT).
+    rep = report.gather(outs[0], db_url=url, progress=False)
+    assert {(i.student, i.kind) for i in rep.issues} == set()
+    assert sum(rep.failures[CHAPTER, f"test_{EXERCISE}"].values()) == 1  # blank's, read from its feedback
 
 
 def test_a_ch00_regrade_replaces_its_rows_in_postgresql(graded):
-    url, tmp_path_factory = graded
+    url, tmp_path_factory, _ = graded
     before = _row_counts(url)
     sub = tmp_path_factory.mktemp("regrade")
     write(sub, "blank", CHAPTER, reference(CHAPTER))  # blank hands in again, now with answers
