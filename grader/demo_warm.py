@@ -46,16 +46,23 @@ def _error(nb: nbformat.NotebookNode) -> str | None:
 
 def warm(chapter_ids: list[str] | None = None, dest: Path = demo.BUILD, timeout: int = 1800,
          force: bool = False) -> list[Warmed]:
-    """Build the dashboards under ``dest`` and run those whose saved measurements are missing or
-    stale (all of them with ``force``); return what happened to each chapter, in order."""
+    """Build every dashboard under ``dest`` and run those of ``chapter_ids`` (default: all) whose
+    saved measurements are missing or stale (all of them with ``force``); return what happened to
+    each chapter, in order."""
     import nbclient
     from tqdm.auto import tqdm
 
     from grader.timing import KERNEL_OPTIONS
 
-    listed = demo.build(dest, chapter_ids)
+    from grader.notebooks import check_chapter_id
+
+    wanted = [check_chapter_id(c) for c in chapter_ids or []]
+    listed = demo.build(dest)  # all of them, as `make demo` serves them (a server may be running)
+    without = [c for c in wanted if c not in listed]
+    if without:
+        raise ValueError(f"{', '.join(without)} has no demo cell, so no dashboard to warm")
     results = []
-    bar = tqdm(listed, desc="dashboards", unit="chapter")
+    bar = tqdm([c for c in listed if not wanted or c in wanted], desc="dashboards", unit="chapter")
     for chapter in bar:
         nb = nbformat.read(dest / f"{chapter}.ipynb", as_version=4)
         cache = dest / nb.metadata["course"]["cache"]

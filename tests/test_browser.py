@@ -81,6 +81,9 @@ def _page(browser, width=1400, height=900):
     context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
     page.external = []
+    page.console_errors = []  # what the browser's console reports as an error, and uncaught exceptions
+    page.on("console", lambda m: page.console_errors.append(m.text[:300]) if m.type == "error" else None)
+    page.on("pageerror", lambda e: page.console_errors.append(f"uncaught: {str(e)[:300]}"))
 
     def route(r):
         host = urlparse(r.request.url).hostname
@@ -465,7 +468,12 @@ def _chapters_with_demos() -> list[str]:
 
 @pytest.fixture(scope="module")
 def demo_server(tmp_path_factory):
-    base, proc, log = _serve("demo", tmp_path_factory)
+    # Fast-mode measurements saved by an earlier run would make every first open a warm one.
+    for saved in (demo.BUILD / demo.CACHE_DIR).glob("*-fast-*.pkl"):
+        saved.unlink(missing_ok=True)
+    # As lecturers see them: the figure checks of fast mode are tests/test_figures.py's, and a
+    # dashboard that shows a check's error instead of its plot could not be driven here.
+    base, proc, log = _serve("demo", tmp_path_factory, {"COURSE_CHECK_FIGURES": "0"})
     try:
         yield base, log
     finally:
@@ -501,17 +509,18 @@ def test_every_dashboard_slider_redraws(browser, demo_server):
     (test_demo.py checks that). One that stalls anyway gets one fresh page and kernel, and every
     try's error is reported if none succeeds."""
     base, _ = demo_server
-    times, problems = {}, []
+    times, loads, problems = {}, {}, []
     for ch in _chapters_with_demos():
         errors = []
         for attempt in range(1, TRIES + 1):
             page = _page(browser, width=1500, height=1000)
+            start = time.perf_counter()
             page.goto(f"{base}/voila/render/{ch}.ipynb", wait_until="commit", timeout=START_S * 1000)
             try:
-                times[ch] = _check_dashboard(page, ch)
+                times[ch], loads[ch] = _check_dashboard(page, ch, start)
                 note = f" (try {attempt}, after {'; '.join(errors)})" if errors else ""
-                print(f"{ch:<24} redraw per control (s){note}: "
-                      + ", ".join(f"{k} {v:.2f}" for k, v in times[ch].items()))
+                print(f"{ch:<24} first open (measures, then saves) {loads[ch]:6.1f} s; "
+                      f"redraw per control (s){note}: " + ", ".join(f"{k} {v:.2f}" for k, v in times[ch].items()))
                 break
             except Exception as e:  # noqa: BLE001 - report every chapter, not only the first that fails
                 errors.append(f"try {attempt}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
@@ -521,7 +530,17 @@ def test_every_dashboard_slider_redraws(browser, demo_server):
         else:
             problems.append(f"{ch}: {'; '.join(errors)}")
         (ARTIFACTS / "redraw_seconds.json").write_text(json.dumps(times, indent=1))
+    _record_loads("first open", loads)
     assert not problems, "\n".join(problems)
+
+
+def _record_loads(kind: str, seconds: dict) -> None:
+    """Seconds from opening a dashboard to its plots and controls, with the machine's load, in
+    build/artifacts/load_seconds.json (not asserted: a busy machine is slower)."""
+    path = ARTIFACTS / "load_seconds.json"
+    loads = json.loads(path.read_text()) if path.exists() else {}
+    loads[kind] = {"seconds": seconds, "load average (1, 5, 15 min)": os.getloadavg(), "cpus": os.cpu_count()}
+    path.write_text(json.dumps(loads, indent=1))
 
 
 PROGRESS_STALL_S = 90  # a dashboard's "Executing x of y" that has not moved for this long has stalled
@@ -546,18 +565,31 @@ def _wait_for_render(page) -> None:
         page.wait_for_timeout(1000)
 
 
-def _check_dashboard(page, chapter) -> dict[str, float]:
-    _wait_for_render(page)
-    n_demos = sum(1 for c in read_source(chapter, demo_tags=True).cells if c.cell_type == "code" and is_demo(c))
-    demos = page.locator(".celltag_demo")
-    # Every demo's plot, or an error shown (a hidden cell's error is shown too): a dashboard
-    # that failed says so at once rather than after DASHBOARD_S.
+def _demo_count(chapter) -> int:
+    return sum(1 for c in read_source(chapter, demo_tags=True).cells if c.cell_type == "code" and is_demo(c))
+
+
+def _wait_for_plots(page, n_demos: int) -> None:
+    """Every demo's plot and controls, or an error shown (a hidden cell's error is shown too): a
+    dashboard that failed says so at once rather than after DASHBOARD_S."""
     page.wait_for_function(
         """([n, pattern]) => Array.from(document.querySelectorAll('.celltag_demo'))
-               .filter(d => d.querySelector('.widget-output img')).length >= n
+               .filter(d => d.querySelector('.widget-output img') && d.querySelector('.course-control')).length >= n
              || Array.from(document.querySelectorAll("[data-mime-type='application/vnd.jupyter.stderr']"))
                   .some(o => new RegExp(pattern).test(o.innerText))""",
-        arg=[n_demos, ERROR_TEXT.pattern], timeout=DASHBOARD_S * 1000, polling=200)
+        arg=[n_demos, ERROR_TEXT.pattern], timeout=DASHBOARD_S * 1000, polling=100)
+
+
+def _controls(cell):
+    return cell.locator(".course-control > .widget-slider, .course-control > .widget-dropdown")
+
+
+def _check_dashboard(page, chapter, start: float) -> tuple[dict[str, float], float]:
+    _wait_for_render(page)
+    n_demos = _demo_count(chapter)
+    demos = page.locator(".celltag_demo")
+    _wait_for_plots(page, n_demos)
+    loaded = round(time.perf_counter() - start, 2)
     shown = _error_texts(page)
     assert not shown, f"the dashboard shows an error: {' '.join(shown[0].split())[:300]}"
     assert demos.count() == n_demos
@@ -565,11 +597,12 @@ def _check_dashboard(page, chapter) -> dict[str, float]:
         "hidden cells show"
     assert page.locator(".jp-CodeCell .jp-InputArea-editor, .jp-CodeCell .highlight").count() == 0, \
         "a dashboard shows code"
+    assert page.locator("#course-bar #course-chapter").count() == 1, "the lecture bar is missing"
     times = {}
     for d in range(n_demos):
         cell = demos.nth(d)
         output = cell.locator(".widget-output").first
-        controls = cell.locator(".widget-hbox").first.locator(":scope > .widget-slider, :scope > .widget-dropdown")
+        controls = _controls(cell)
         assert controls.count() >= 1, "a demo without controls"
         for c in range(controls.count()):
             control = controls.nth(c)
@@ -580,4 +613,143 @@ def _check_dashboard(page, chapter) -> dict[str, float]:
     demos.first.scroll_into_view_if_needed()
     _shot(page, f"demo-{chapter}")
     assert not page.external, f"fetched from the network: {page.external[:5]}"
-    return times
+    assert not page.console_errors, f"errors in the browser's console: {page.console_errors[:5]}"
+    return times, loaded
+
+
+# --- the lecture page ----------------------------------------------------------------------
+
+# Warmed in the test: one demo with several controls, and a chapter with two demos.
+LECTURE_CHAPTERS = ("ch00_memory", "ch08_quantization")
+
+
+def _interactive_seconds(page, chapter, start: float) -> float:
+    """From ``start`` until every demo of ``chapter`` shows its plot and controls."""
+    _wait_for_render(page)
+    _wait_for_plots(page, _demo_count(chapter))
+    seconds = time.perf_counter() - start
+    assert not _error_texts(page), _error_texts(page)[:2]
+    return round(seconds, 2)
+
+
+def _open(page, base, chapter) -> float:
+    start = time.perf_counter()
+    page.goto(f"{base}/voila/render/{chapter}.ipynb", wait_until="commit", timeout=START_S * 1000)
+    return _interactive_seconds(page, chapter, start)
+
+
+def _press_and_wait_for_redraw(page, key, output) -> float:
+    before = _plot_src(output)
+    start = time.perf_counter()
+    page.keyboard.press(key)
+    page.wait_for_function(
+        "([el, before]) => { const img = el.querySelector('img'); return img && img.src && img.src !== before; }",
+        arg=[output.element_handle(), before], timeout=DASHBOARD_S * 1000, polling=20)
+    return time.perf_counter() - start
+
+
+def _step_key(page) -> str:
+    """The arrow that moves the selected control: back down from a slider at its maximum."""
+    at_max = page.evaluate("""() => { const h = document.querySelector('.course-selected .noUi-handle');
+        return !!h && h.getAttribute('aria-valuenow') === h.getAttribute('aria-valuemax'); }""")
+    return "ArrowLeft" if at_max else "ArrowRight"
+
+
+def _state(page) -> dict:
+    return page.evaluate("""() => ({demo: document.body.dataset.courseDemo, control: document.body.dataset.courseControl,
+        present: document.body.classList.contains('course-present'),
+        selected: document.querySelectorAll('.course-selected').length,
+        visibleDemos: Array.from(document.querySelectorAll('.celltag_demo')).filter(c => c.offsetParent !== null).length,
+        visiblePrompts: Array.from(document.querySelectorAll('.jp-InputPrompt, .jp-OutputPrompt'))
+                          .filter(p => p.offsetParent !== null).length})""")
+
+
+def test_lecture_page_after_warm_up(browser, demo_server):
+    """`grader demo --warm` on two chapters, then their lecture pages: open and reload times (in the
+    log and build/artifacts/load_seconds.json, not asserted), the chapter selector, the keys (step,
+    select a control, switch demos, reset) and the presentation view, with no error in the console."""
+    import sys
+
+    base, log = demo_server
+    env = {**os.environ, "COURSE_FAST": "1", "OMP_NUM_THREADS": "1", "COURSE_CHECK_FIGURES": "0"}
+    start = time.perf_counter()
+    warm = subprocess.run([sys.executable, "-m", "grader", "demo", "--warm", *LECTURE_CHAPTERS], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=START_S)
+    assert warm.returncode == 0, warm.stdout[-2000:] + warm.stderr[-2000:]
+    print(f"warm-up of {', '.join(LECTURE_CHAPTERS)}: {time.perf_counter() - start:.1f} s\n{warm.stdout}")
+    for ch in LECTURE_CHAPTERS:
+        assert re.search(rf"^{ch}\s+(saved|current)\s", warm.stdout, re.M), warm.stdout
+
+    page = _page(browser, width=1500, height=1000)
+    first, other = LECTURE_CHAPTERS
+    loads = {f"{first} open": _open(page, base, first)}
+    # The chapter selector lists every dashboard and switches to the one picked.
+    options = page.locator("#course-chapter option").evaluate_all("os => os.map(o => o.value)")
+    assert options == _chapters_with_demos()
+    assert page.locator("#course-chapter").input_value() == first
+    start = time.perf_counter()
+    page.locator("#course-chapter").select_option(other)
+    page.wait_for_url(f"**/voila/render/{other}.ipynb", timeout=60_000)
+    loads[f"{other} from the selector"] = _interactive_seconds(page, other, start)
+    start = time.perf_counter()
+    page.reload(wait_until="commit")
+    loads[f"{other} reload"] = _interactive_seconds(page, other, start)
+
+    # Switching demos: n selects the second demo, whose plot the arrows then redraw; p goes back.
+    demos = page.locator(".celltag_demo")
+    assert demos.count() >= 2
+    page.mouse.click(5, 400)  # focus the page, not a control
+    page.keyboard.press("n")
+    assert _state(page)["demo"] == "1"
+    first_plot = _plot_src(demos.nth(0).locator(".widget-output").first)
+    redraws = {"n, then an arrow": _press_and_wait_for_redraw(page, _step_key(page), demos.nth(1).locator(".widget-output").first)}
+    assert _plot_src(demos.nth(0).locator(".widget-output").first) == first_plot, "the key moved the other demo"
+    page.keyboard.press("p")
+    assert _state(page)["demo"] == "0"
+
+    # "]" asks for the next chapter (refused here: its kernel would measure it, on a cold cache).
+    listed = _chapters_with_demos()
+    wanted = f"**/voila/render/{listed[listed.index(other) + 1]}.ipynb"
+    page.route(wanted, lambda route: route.abort())
+    with page.expect_request(wanted, timeout=60_000):
+        page.keyboard.press("]")
+    page.unroute(wanted)
+
+    # The first chapter again: an arrow steps the first control, Down selects the next, r puts every
+    # control back (the first plot again), in and out of the presentation view.
+    loads[f"{first} reopened"] = _open(page, base, first)
+    output = page.locator(".celltag_demo").first.locator(".widget-output").first
+    initial = _plot_src(output)
+    page.wait_for_function("() => document.querySelectorAll('.course-selected').length === 1", timeout=30_000)
+    page.mouse.click(5, 400)
+    assert _state(page)["control"] == "0"
+    redraws["an arrow"] = _press_and_wait_for_redraw(page, _step_key(page), output)
+    page.keyboard.press("ArrowDown")
+    assert _state(page)["control"] == "1"
+    selected = page.locator(".course-selected")
+    assert selected.count() == 1 and selected.first.evaluate(
+        "(row, second) => row === second", _controls(page.locator(".celltag_demo").first).nth(1)
+        .locator("xpath=..").element_handle())
+    redraws["Down, then an arrow"] = _press_and_wait_for_redraw(page, _step_key(page), output)
+    redraws["r (reset)"] = _press_and_wait_for_redraw(page, "r", output)
+    assert _plot_src(output) == initial, "reset did not bring back the default plot"
+    notices = page.locator(".course-notice, .course-explain").count()
+
+    page.keyboard.press("f")
+    state = _state(page)
+    assert state["present"] and state["visibleDemos"] == 1 and state["visiblePrompts"] == 0, state
+    _shot(page, "demo-presentation")
+    page.keyboard.press("f")
+    page.wait_for_function("() => !document.body.classList.contains('course-present')", timeout=10_000)
+    assert _state(page)["visibleDemos"] == _demo_count(first)
+
+    assert not page.console_errors, f"errors in the browser's console: {page.console_errors[:5]}"
+    assert not page.external, f"fetched from the network: {page.external[:5]}"
+    page.context.close()
+    # A page that goes away shuts its kernel down (Voila's unload signal used to be refused: 403, no _xsrf).
+    refused = [line for line in _server_tail(log, 200_000).splitlines() if "403 POST /voila/api/shutdown" in line]
+    assert not refused, f"Voila refused a page's kernel shutdown: {refused[:2]}"
+    _record_loads("after warm-up", loads)
+    print("after warm-up, seconds until interactive: " + ", ".join(f"{k} {v:.1f}" for k, v in loads.items()))
+    print("key presses, seconds until the plot changed: " + ", ".join(f"{k} {v:.2f}" for k, v in redraws.items()))
+    print(f"{notices} explanation / notice lines on {first}'s demo; load average {os.getloadavg()}")
