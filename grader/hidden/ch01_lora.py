@@ -52,6 +52,13 @@ from coursekit.checks import check_close, check_equal, same_close
 from grader import probes
 from grader.api import fetch, hidden_test
 from grader.sandbox.rpc import StudentError
+from grader.source_policy import Shortcut, SourcePolicy
+
+SOURCE_POLICY = SourcePolicy(shortcuts=(
+    Shortcut(paths=("coursekit.capstone",),
+             instead="write it yourself; coursekit.capstone (chapter 16's reference fine-tune) holds "
+                     "the course's own LoRA linears"),
+))
 
 SCALE_HINT = "is the low-rank update scaled by alpha / rank (not alpha)?"
 GRAD_HINT = ("the output is right but this gradient is not: compute the update with differentiable torch "

@@ -50,6 +50,9 @@ from grader.source_policy import Shortcut, SourcePolicy
 
 # Exercise cells may not use torch.utils.checkpoint (the text says so: section 7 compares with it).
 SOURCE_POLICY = SourcePolicy(shortcuts=(
+    Shortcut(paths=("coursekit.capstone",),
+             instead="write it yourself; coursekit.capstone (chapter 16's reference fine-tune) holds "
+                     "the course's own recomputing blocks"),
     Shortcut(paths=("torch.utils.checkpoint",),
              instead="write checkpoint with your own torch.autograd.Function; section 7 compares it with "
                      "torch.utils.checkpoint"),

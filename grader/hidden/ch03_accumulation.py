@@ -74,6 +74,13 @@ from grader import probes
 from grader.api import fetch, hidden_test
 from grader.resources import Meter, draw, fresh_tensor, mib, new_seed, seeded
 from grader.sandbox.rpc import StudentError
+from grader.source_policy import Shortcut, SourcePolicy
+
+SOURCE_POLICY = SourcePolicy(shortcuts=(
+    Shortcut(paths=("coursekit.capstone",),
+             instead="write it yourself; coursekit.capstone (chapter 16's reference fine-tune) holds "
+                     "the course's own accumulating training step"),
+))
 
 B, D_IN, D_OUT = 37, 13, 7
 # float32 accumulation over micro-batches vs a float64 full-batch reference: rounding is ~1e-7;

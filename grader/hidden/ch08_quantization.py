@@ -43,6 +43,9 @@ from grader.source_policy import Shortcut, SourcePolicy
 # round_to_bf16 works on integer bits: no bfloat16 dtype (nor autocast, whose CPU dtype is bfloat16) in
 # any exercise cell, since cells share one namespace; the course's NF4 kernel is not an answer either.
 SOURCE_POLICY = SourcePolicy(shortcuts=(
+    Shortcut(paths=("coursekit.capstone",),
+             instead="write it yourself; coursekit.capstone (chapter 16's reference fine-tune) holds "
+                     "the course's own NF4 linears"),
     Shortcut(pattern=r"(?i)bfloat16|autocast",
              instead="round with integer operations on x.view(torch.int32), as round_to_bf16's docstring says"),
     Shortcut(paths=("kernels.ch08_quantization",),

@@ -51,6 +51,9 @@ from grader.source_policy import Shortcut, SourcePolicy
 
 # The GradScaler exercise is compared with torch.amp.GradScaler: wrapping or calling it is not an answer.
 SOURCE_POLICY = SourcePolicy(shortcuts=(
+    Shortcut(paths=("coursekit.capstone",),
+             instead="write it yourself; coursekit.capstone (chapter 16's reference fine-tune) holds "
+                     "the course's own autocast training step"),
     Shortcut(paths=("torch.amp.GradScaler", "torch.amp.grad_scaler", "torch.cuda.amp.GradScaler",
                     "torch.cuda.amp.grad_scaler", "torch.cpu.amp.GradScaler", "torch.cpu.amp.grad_scaler"),
              instead="keep the scale, the count of clean steps and the per-optimizer state yourself; "

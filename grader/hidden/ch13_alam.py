@@ -54,6 +54,9 @@ from grader.source_policy import Shortcut, SourcePolicy
 
 # The course's kernel module computes average_quantize's answer (aq_pack_torch, aq_pack_triton, ...).
 SOURCE_POLICY = SourcePolicy(modules=("triton",), refused=("numpy",), shortcuts=(
+    Shortcut(paths=("coursekit.capstone",),
+             instead="write it yourself; coursekit.capstone (chapter 16's reference fine-tune) holds "
+                     "the course's own activation compression hooks"),
     Shortcut(paths=("kernels.ch13_alam",),
              instead="write the quantization yourself; kernels.ch13_alam is the course's own answer"),
     Shortcut(pattern=r"^numpy$", instead="compute with torch (or Triton) operations"),
