@@ -72,8 +72,8 @@ def group_key(reason: str) -> str:
 
 def _notes(sub: gradebook.Submission) -> list[str]:
     parts = []
-    for comment in sub.comments:
-        parts += [p for p in comment.split("; ") if p and p != UNISOLATED]
+    for comment in sub.comments:  # "<UNISOLATED>; <note>": the flag's own text holds a "; " too
+        parts += [p for p in comment.replace(UNISOLATED, "").split("; ") if p]
     return list(dict.fromkeys(parts))
 
 

@@ -17,10 +17,10 @@ import pytest
 from conftest import ROOT, UNISOLATED
 import graded_once
 import profiling
-from grader import report
+from grader import gradebook, report
 from grader.__main__ import main
 from grader.autograde import Result, autograde, release_layout
-from grader.feedback import render
+from grader.feedback import UNISOLATED, render
 from grader.notebooks import grade_id
 from grader.sandbox.judge import Outcome
 from submissions import blank, reference, with_exercise, write
@@ -161,3 +161,7 @@ def test_ch00_report_units_reasons_round_trip_groups_and_rosters(tmp_path):
         report.read_roster(roster)
     with pytest.raises(FileNotFoundError, match="no gradebook at .*run `python -m grader autograde"):
         report.report(tmp_path)
+    # A flagged (unisolated) grade's comment starts with the flag's text, which holds a "; " of its own.
+    flagged = gradebook.Submission("alice", CH, comments=[f"{UNISOLATED}; missing notebook"], flagged=True)
+    assert report._issue(flagged).kind == "missing"
+    assert report._issue(gradebook.Submission("bob", CH, comments=[UNISOLATED], flagged=True)) is None
