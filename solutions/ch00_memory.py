@@ -510,8 +510,8 @@ def activation_share(batch_size, depth, width, optimizer):
     return f"batch {batch_size}: activations are {acts / (acts + state):.0%} of the step's {(acts + state) / MB:.2f} MB"
 
 
-slider_plot(draw, batch_size=(1, fast(2048, 64), 1), depth=(1, 8, 1), width=(16, fast(1024, 128), 16),
-            optimizer=["adam", "momentum", "sgd"],
+slider_plot(draw, figsize=(10, 4.4), batch_size=(1, fast(2048, 64), 1), depth=(1, 8, 1),
+            width=(16, fast(1024, 128), 16), optimizer=["adam", "momentum", "sgd"],
             defaults={"batch_size": 64, "depth": 3, "width": fast(256, 64)},
             labels={"batch_size": "batch size (examples)", "depth": "hidden layers",
                     "width": "hidden width (units)", "optimizer": "optimizer"},

@@ -798,6 +798,8 @@ for r in SLIDER_RANKS:
                       "params": state["params"], "grads": state["grads"], "adam": state["optimizer_state"],
                       "activations": acts}
 PARTS = {"params": "#4c72b0", "grads": "#dd8452", "adam": "#55a868", "activations": "#c44e52"}
+with torch.no_grad():  # accuracy is 1.0 at every rank after full training: the held-out loss still tells them apart
+    test_loss = {name: lm_loss(models[name].eval()(target_test.x), target_test.y).item() for name in models}
 
 
 def draw(axes, rank=4, show="everything"):
@@ -812,33 +814,43 @@ def draw(axes, rank=4, show="everything"):
             ax_mem.bar(i, parts[part] / KB, bottom=bottom, color=color,
                        label=part.replace("adam", "Adam state") if i == 0 else None)
             bottom += parts[part] / KB
-        ax_mem.text(i, bottom, f"{bottom:,.0f}", ha="center", va="bottom", fontsize=8)
-    ax_mem.set_xticks(range(len(bars)), list(bars), fontsize=8)
+        ax_mem.text(i, bottom, f"{bottom:,.0f}", ha="center", va="bottom")
+    ax_mem.set_xticks(range(len(bars)), [name.replace(" ", "\n", 1) for name in bars])
     ax_mem.set_ylabel("KB per training step")
-    ax_mem.set_title(f"LoRA r={rank}: {lora_memory[rank]['trainable']:,} trainable "
-                     f"({lora_memory[rank]['trainable'] / full['trainable']:.1%} of full)", fontsize=9)
+    ax_mem.set_title(f"r={rank}: {lora_memory[rank]['trainable']:,} trainable "
+                     f"({lora_memory[rank]['trainable'] / full['trainable']:.1%} of full)")
+    ax_mem.set_ylim(0, 1.6 * max(sum(parts[p] for p in parts_shown) for parts in bars.values()) / KB)
     handles, names = ax_mem.get_legend_handles_labels()
-    ax_mem.legend(handles[::-1], names[::-1], fontsize=7, frameon=False)
+    ax_mem.legend(handles[::-1], names[::-1], loc="upper right", ncols=2)
 
-    accs = [results[f"LoRA r={r}"]["accuracy"] for r in RANKS]
-    ax_acc.plot(RANKS, accs, "o-", color="#4c72b0", label="LoRA (trained ranks)")
-    ax_acc.axhline(full["accuracy"], color="k", ls="--", lw=1, label="full fine-tuning")
-    ax_acc.axhline(results[f"adapters m={BOTTLENECK}"]["accuracy"], color="#55a868", ls=":", lw=1.5,
-                   label=f"adapters m={BOTTLENECK}")
-    ax_acc.axhline(results["last layer only"]["accuracy"], color="#c44e52", ls="-.", lw=1, label="last layer only")
+    lora = [f"LoRA r={r}" for r in RANKS]
+    ax_acc.plot(RANKS, [test_loss[n] for n in lora], "o-", color="#4c72b0", label="LoRA (trained ranks)")
+    for name, color, ls in (("full fine-tuning", "k", "--"), (f"adapters m={BOTTLENECK}", "#55a868", ":"),
+                            ("last layer only", "#c44e52", "-.")):
+        ax_acc.axhline(test_loss[name], color=color, ls=ls, lw=1.5,
+                       label=f"{name} (accuracy {results[name]['accuracy']:.0%})")
     ax_acc.axvline(rank, color="gray", lw=0.8)
     if rank in RANKS:
-        ax_acc.plot([rank], [results[f"LoRA r={rank}"]["accuracy"]], "o", ms=12, mfc="none", color="k")
+        ax_acc.plot([rank], [test_loss[f"LoRA r={rank}"]], "o", ms=14, mfc="none", color="k")
+        ax_acc.set_title(f"r={rank}: accuracy {results[f'LoRA r={rank}']['accuracy']:.0%}, "
+                         f"loss {test_loss[f'LoRA r={rank}']:.3f}")
+    else:
+        ax_acc.set_title(f"r={rank} was not trained (trained: {', '.join(map(str, RANKS))})")
     ax_acc.set_xscale("log", base=2)
     ax_acc.set_xticks(RANKS, [str(r) for r in RANKS])
-    ax_acc.set_ylim(0, 1.05)
+    ax_acc.set_ylim(0, 1.1 * max(test_loss.values()))
     ax_acc.set_xlabel("LoRA rank r")
-    ax_acc.set_ylabel("target-task accuracy")
-    ax_acc.legend(fontsize=7, frameon=False, loc="lower right")
+    ax_acc.set_ylabel("held-out loss (nats/token)")
+    ax_acc.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2)  # under the axes: lines fill them
 
 
-slider_plot(draw, ncols=2, figsize=(11, 3.8), rank=(1, SLIDER_RANKS[-1], 1),
-            show=["everything", "model state only"], defaults={"rank": 4})
+slider_plot(draw, ncols=2, figsize=(11, 4.2), rank=(1, SLIDER_RANKS[-1], 1),
+            show=["everything", "model state only"], defaults={"rank": 4},
+            labels={"rank": "LoRA rank r", "show": "memory shown"},
+            explain={"rank": "width of the low-rank update B A added to each adapted layer",
+                     "show": "everything a training step holds, or the model state alone"},
+            notice={"rank": lambda rank, **_: f"r = {rank}: {lora_memory[rank]['trainable']:,} trainable parameters, "
+                                              f"{lora_memory[rank]['trainable'] / full['trainable']:.1%} of full fine-tuning's"})
 
 # %% [markdown]
 # ## 7. What the papers report vs what we measured

@@ -286,7 +286,7 @@ def draw_bits(ax, mantissa=1.0, power=-1):
         if not math.isfinite(stored):
             verdict = f"overflow: |x| > max {finfo.max:.3g}"
         elif stored == 0 and value != 0:
-            verdict = f"underflow to 0:\n|x| < {finfo.smallest_normal * finfo.eps:.2g}"
+            verdict = f"underflow to 0\n(smallest subnormal {finfo.smallest_normal * finfo.eps:.2g})"
         else:
             rel = abs(stored - value) / abs(value) if value != 0 else 0.0
             verdict = f"= {stored:.8g}\nrel. error {rel:.1e}"
