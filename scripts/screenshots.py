@@ -54,12 +54,15 @@ def _full_mode_env(**extra) -> dict:
 
 
 class Server:
-    """`make TARGET` on a free port, headless, stopped (its whole process group) on exit."""
+    """`make TARGET` (or ``command`` with ``{port}`` in it) on a free port, headless, stopped (its
+    whole process group) on exit."""
 
-    def __init__(self, target: str, **env):
+    def __init__(self, target: str, command: list[str] | None = None, **env):
         self.target, self.port = target, _free_port()
         self.log = tempfile.NamedTemporaryFile("w+", prefix=f"{target}-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(["make", "--no-print-directory", target, f"PORT={self.port}"], cwd=ROOT,
+        argv = ([a.format(port=self.port) for a in command] if command
+                else ["make", "--no-print-directory", target, f"PORT={self.port}"])
+        self.proc = subprocess.Popen(argv, cwd=ROOT,
                                      env=_full_mode_env(**env), stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         self.base = f"http://127.0.0.1:{self.port}"
@@ -88,8 +91,8 @@ class Server:
 
 def _save(page, name: str) -> None:
     """Write docs/NAME.png through a temporary file: a failed shot never leaves half a picture."""
-    tmp = DOCS / f".{name}.png.tmp"
-    page.screenshot(path=str(tmp))
+    tmp = DOCS / f".{name}.tmp.png"
+    page.screenshot(path=str(tmp), type="png")
     tmp.replace(DOCS / f"{name}.png")
     print(f"wrote docs/{name}.png", flush=True)
 
@@ -105,8 +108,10 @@ def _lab_settings() -> str:
     return str(d)
 
 
-def shoot_demo(browser, names: list[str], chapter: str, timeout_s: int) -> None:
-    with Server("demo") as server:
+def shoot_demo(browser, names: list[str], chapter: str, timeout_s: int, listed: list[str]) -> None:
+    # `make demo` itself, or the same command for the chapters named with --chapters.
+    command = [sys.executable, "-m", "grader", "demo", "--port={port}", *listed] if listed else None
+    with Server("demo", command) as server:
         page = browser.new_page(viewport=SCREEN)
         if "demo-index" in names:
             page.goto(f"{server.base}/?token={TOKEN}", timeout=START_S * 1000)
@@ -118,8 +123,8 @@ def shoot_demo(browser, names: list[str], chapter: str, timeout_s: int) -> None:
             page.goto(f"{server.base}/voila/render/{chapter}.ipynb?token={TOKEN}", timeout=timeout_s * 1000)
             # Every demo's plot is there once the page is done: one image per slider_plot.
             page.wait_for_function(
-                "() => { const d = document.querySelectorAll('.course-demo, .celltag_demo .widget-vbox');"
-                " return d.length > 0 && [...d].every(x => x.querySelector('img')); }",
+                "() => { const d = document.querySelectorAll('.course-demo');"
+                " return d.length > 0 && [...d].every(x => x.querySelector('.widget-output img')); }",
                 timeout=timeout_s * 1000, polling=1000)
             page.wait_for_timeout(1000)
             first = page.locator(".celltag_demo").first
@@ -185,6 +190,7 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", nargs="+", choices=SHOTS, default=list(SHOTS), help="the screenshots to retake")
     p.add_argument("--chapter", default="ch01_lora", help="the dashboard of demo-dashboard (default ch01_lora)")
+    p.add_argument("--chapters", nargs="+", default=[], help="the chapters the demo index lists (default: all)")
     p.add_argument("--timeout", type=int, default=1200, help="seconds a dashboard or the grading may take")
     args = p.parse_args(argv)
     if not Path(CHROMIUM).exists():
@@ -198,7 +204,8 @@ def main(argv=None) -> int:
         # Chromium's sandbox needs user namespaces that containers running as root rarely have.
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"] if os.geteuid() == 0 else [])
         steps = [(("demo-index", "demo-dashboard"), lambda: shoot_demo(
-                     browser, [n for n in args.only if n.startswith("demo-")], args.chapter, args.timeout)),
+                     browser, [n for n in args.only if n.startswith("demo-")], args.chapter, args.timeout,
+                     args.chapters)),
                  (("student-lab",), lambda: shoot_student(browser)),
                  (("instructor-lab",), lambda: shoot_instructor(browser)),
                  (("instructor-feedback",), lambda: shoot_feedback(browser, args.timeout))]
