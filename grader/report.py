@@ -164,8 +164,8 @@ def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.2f}".rstrip("0").rstrip(".")
 
 
-def write(rep: Report, dest: Path) -> list[Path]:
-    """The report's files in ``dest``; returns them."""
+def write(rep: Report, dest: Path, progress: bool = True) -> list[Path]:
+    """The report's files in ``dest``; returns them. ``progress``: a bar over the chapters' plots."""
     dest.mkdir(parents=True, exist_ok=True)
     c = rep.contents
     missing = {(i.student, i.chapter) for i in rep.issues if i.kind == "missing"}
@@ -210,7 +210,7 @@ def write(rep: Report, dest: Path) -> list[Path]:
              ["student_id", "chapter", "kind", "reason"]),
         _lms(dest / "lms.csv", rep),
     ]
-    page = _html(rep, chapter_rows, problem_rows, handed_in)
+    page = _html(rep, chapter_rows, problem_rows, handed_in, progress)
     tmp = dest / "index.html.tmp"
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, dest / "index.html")
@@ -284,7 +284,7 @@ def _table(rows: list[dict], columns: list[str]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _html(rep: Report, chapter_rows, problem_rows, handed_in) -> str:
+def _html(rep: Report, chapter_rows, problem_rows, handed_in, progress: bool = False) -> str:
     e = html.escape
     c = rep.contents
     n_issues = Counter(i.kind for i in rep.issues)
@@ -304,7 +304,12 @@ def _html(rep: Report, chapter_rows, problem_rows, handed_in) -> str:
                      f"submission(s) in {sum(t[2] for t in rep.timing):.1f} s of grading (per chapter in the table "
                      "above). The slowest:</p>" + _table([{"student": s, "chapter": ch, "seconds": round(x, 2)}
                                                            for s, ch, x in slow], ["student", "chapter", "seconds"]))
-    for ch, cells in c.chapters.items():
+    chapters = c.chapters.items()
+    if progress:
+        from tqdm.auto import tqdm
+
+        chapters = tqdm(chapters, desc="plots", unit="chapter")
+    for ch, cells in chapters:
         problems = [p for p in problem_rows if p["chapter"] == ch]
         handed = handed_in[ch]
         parts.append(f"<h2 id='{e(ch)}'>{e(ch)}</h2>")
@@ -333,4 +338,4 @@ def report(out: Path, db_url: str | None = None, dest: Path | None = None, roste
            progress: bool = True) -> list[Path]:
     """Read ``out`` (and its gradebook) and write the report to ``dest`` (default ``out/report``)."""
     rep = gather(out, db_url, roster, progress=progress)
-    return write(rep, Path(dest) if dest else Path(out) / "report")
+    return write(rep, Path(dest) if dest else Path(out) / "report", progress=progress)
