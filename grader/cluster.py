@@ -104,28 +104,27 @@ class Cluster:
         running = as_completed()
         owner = {}
 
-        def submit_next() -> bool:
+        def submit_next() -> None:
+            """Send the next readable submission; those missing or refused here go to ``ready`` on the way."""
             for student, chapter, path in pending:
                 found = read_submission(student, chapter, path, layouts[chapter])
-                if isinstance(found, Result):  # missing or refused here: nothing to send
+                if isinstance(found, Result):  # nothing to send
                     ready.append(found)
-                    return True
+                    continue
                 fut = self.client.submit(grade_task, student, chapter, found, layouts[chapter], limits, fast,
                                          self.unisolated, key=f"grade-{student}-{chapter}-{uuid.uuid4().hex}",
                                          pure=False)
                 owner[fut.key] = (student, chapter, layouts[chapter])
                 running.add(fut)
-                return True
-            return False
+                return
 
         ready: list[Result] = []
         for _ in range(window):
-            if not submit_next():
-                break
+            submit_next()
         while ready or not running.is_empty():
             while ready:
                 yield ready.pop()
-            if running.is_empty():
+            if running.is_empty():  # and so nothing is left to send
                 break
             fut = next(running)
             student, chapter, lay = owner.pop(fut.key)

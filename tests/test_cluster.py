@@ -1,7 +1,8 @@
 """``autograde --scheduler``: grading spread over a Dask cluster (``grader/cluster.py``).
 
 A local cluster of 2 worker processes (one thread each) grades one batch of ch00_memory: the reference,
-the blank release, the second correct answers, a wrong answer and hostile cases of ``tests/hostile/``.
+the blank release, the second correct answers, a wrong answer, hostile cases of ``tests/hostile/`` and a
+notebook that intake refuses (a link).
 While the batch runs, a worker that holds one of its submissions is killed: Dask runs its tasks again
 elsewhere and no submission is lost. Grades must equal the single-machine batch's (``graded_once``).
 """
@@ -45,6 +46,10 @@ def batch(tmp_path_factory):
         trick = runpy.run_path(str(ROOT / "tests" / "hostile" / f"{name}.py"))["TRICK"]
         write(sub, name.replace("_", "-"), CHAPTER, with_exercise(CHAPTER, "predict_training_memory",
                                                                  wrong + "\n\n" + trick))
+    # Refused at intake by the caller (a link to another student's notebook): never sent to the cluster.
+    linked = sub / "linked" / CHAPTER
+    linked.mkdir(parents=True)
+    (linked / f"{CHAPTER}.ipynb").symlink_to(sub / "reference" / CHAPTER / f"{CHAPTER}.ipynb")
     from grader.cluster import autograde_on
 
     os.environ.setdefault("COURSE_FAST", "1")
@@ -94,6 +99,11 @@ def test_cluster_ch00_grades_every_submission_though_a_worker_is_killed(batch):
     assert {r["student_id"] for r in batch["rows"]} == batch["students"]
     notes = [r.note for r in batch["done"]["results"]]
     assert not any("internal grading error" in n for n in notes), notes
+
+
+def test_cluster_ch00_a_notebook_refused_at_intake_gets_zeros_and_the_reason(batch):
+    linked = next(r for r in batch["done"]["results"] if r.student == "linked")
+    assert linked.score == 0 and "symbolic link" in linked.note
 
 
 def test_cluster_ch00_grades_equal_the_single_machine_run(batch):
