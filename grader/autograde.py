@@ -4,6 +4,9 @@ Layout in:  SUBMISSIONS/<student_id>/<chapter_id>/<chapter_id>.ipynb  (nbgrader'
 Out:        OUT/grades.csv  (student_id,chapter,problem,score,max_score; one row per graded cell)
             OUT/feedback/<student_id>/<chapter_id>.html
             OUT/timing.csv  (student_id,chapter,seconds; the wall time each submission of this run took)
+            OUT/profile.csv (phase,seconds,count; where this run's time went: sandbox start, gradebook,
+                             and per graded cell the worker's start, setup cells, exercise cells, hidden
+                             checks and worker's stop, summed over parallel workers)
             the nbgrader gradebook (default sqlite:///OUT/gradebook.db; --db for PostgreSQL)
 
 What runs where (see grader/sandbox/judge.py for the threat model):
@@ -27,6 +30,8 @@ What runs where (see grader/sandbox/judge.py for the threat model):
     entry under SUBMISSIONS is listed with the reason it was not graded (the summary and
     OUT/not_graded.csv). grades.csv is rewritten atomically after each submission, keeping the
     rows of submissions that this run did not grade.
+  * With ``grader.cluster`` (``--scheduler``) the same grading runs on the workers of a Dask cluster;
+    this process still reads every submission and writes every result.
   * Grading needs the isolated sandbox (root, cgroups, seccomp: ``grader/sandbox/judge.py``);
     without it autograde refuses unless told ``unisolated=True`` (``--unisolated``), and then
     flags every grade it writes (gradebook, feedback, summary).
