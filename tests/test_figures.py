@@ -8,6 +8,7 @@ reads the demo cells' source, tests the check itself on figures made to fail it,
 a notebook run in fast mode fails on an illegible demo.
 """
 import ast
+import functools
 import struct
 
 import matplotlib
@@ -30,14 +31,20 @@ STYLE_CALLS = {"rc", "rcParams", "rc_context", "style", "set_size_inches", "set_
 SLIDER_OPTIONS = {"ncols", "figsize", "defaults", "labels", "explain", "notice"}
 
 
+@functools.lru_cache(maxsize=None)
+def _code_cells(chapter: str) -> tuple[tuple[str, bool], ...]:
+    """(source, is a demo cell) of every code cell, read once per chapter."""
+    return tuple((c.source, is_demo(c)) for c in read_source(chapter, demo_tags=True).cells if c.cell_type == "code")
+
+
 def _demo_sources(chapter: str) -> list[str]:
-    return [c.source for c in read_source(chapter, demo_tags=True).cells if c.cell_type == "code" and is_demo(c)]
+    return [src for src, demo in _code_cells(chapter) if demo]
 
 
 def _plotting_sources(chapter: str) -> dict[str, ast.AST]:
     """The demo cells, and the functions of other cells that the demo cells call (the plotting code
     they draw with), as parsed trees keyed by where they come from."""
-    cells = [c.source for c in read_source(chapter).cells if c.cell_type == "code"]
+    cells = [src for src, _ in _code_cells(chapter)]
     demos = _demo_sources(chapter)
     called = {n.func.id for src in demos for n in ast.walk(ast.parse(src))
               if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
