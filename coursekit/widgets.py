@@ -210,6 +210,6 @@ def slider_plot(draw: Callable, ncols: int = 1, figsize=(7, 3.5), defaults: dict
         if name in notices:
             lines.append(notices[name])
         rows.append(widgets.HBox([w, widgets.VBox(lines)]).add_class("course-control"))
-    button = widgets.Button(description="reset to defaults").add_class("course-reset")
+    button = widgets.Button(description="reset to defaults", layout=widgets.Layout(width="auto")).add_class("course-reset")
     button.on_click(reset)
     display(widgets.VBox([widgets.VBox(rows), button, out]).add_class("course-demo"))
