@@ -49,8 +49,10 @@ def _free_port() -> int:
 
 
 def _full_mode_env(**extra) -> dict:
+    """Full mode, and a fresh runtime and workspace: no tab a previous session left open."""
     env = {k: v for k, v in os.environ.items() if k not in ("COURSE_FAST", "COURSE_CHECK_FIGURES")}
-    return {**env, "JUPYTER_TOKEN": TOKEN, "JUPYTER_RUNTIME_DIR": tempfile.mkdtemp(prefix="rt-"), **extra}
+    return {**env, "JUPYTER_TOKEN": TOKEN, "JUPYTER_RUNTIME_DIR": tempfile.mkdtemp(prefix="rt-"),
+            "JUPYTERLAB_WORKSPACES_DIR": tempfile.mkdtemp(prefix="ws-"), **extra}
 
 
 class Server:
@@ -136,7 +138,8 @@ def shoot_student(browser) -> None:
     with Server("lab", JUPYTERLAB_SETTINGS_DIR=_lab_settings()) as server:
         page = browser.new_page(viewport=SCREEN)
         page.goto(f"{server.base}/lab/tree/course/ch00_memory.ipynb?token={TOKEN}", timeout=START_S * 1000)
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=START_S * 1000)
+        page.wait_for_selector(".jp-Notebook .jp-RenderedMarkdown", timeout=START_S * 1000)
+        page.wait_for_selector(".jp-DirListing-item", timeout=START_S * 1000)
         page.wait_for_timeout(3000)
         _save(page, "student-lab")
 
@@ -148,7 +151,8 @@ def shoot_instructor(browser) -> None:
         with Server("lab-instructor", JUPYTERLAB_SETTINGS_DIR=_lab_settings()) as server:
             page = browser.new_page(viewport=SCREEN)
             page.goto(f"{server.base}/lab/tree/solutions/ch01_lora.py?token={TOKEN}", timeout=START_S * 1000)
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=START_S * 1000)
+            page.wait_for_selector(".jp-Notebook .jp-RenderedMarkdown", timeout=START_S * 1000)
+            page.wait_for_selector(".jp-DirListing-item", timeout=START_S * 1000)
             page.get_by_text("Nbgrader", exact=True).first.wait_for(timeout=60_000)
             page.wait_for_timeout(3000)
             _save(page, "instructor-lab")
