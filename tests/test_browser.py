@@ -713,7 +713,9 @@ def test_lecture_page_after_warm_up(browser, demo_server):
     page.route(wanted, lambda route: route.abort())
     with page.expect_request(wanted, timeout=60_000):
         page.keyboard.press("]")
-    page.unroute(wanted)
+    console_errors = page.console_errors
+    page.context.close()  # on the browser's error page of the refused request
+    page = _page(browser, width=1500, height=1000)
 
     # The first chapter again: an arrow steps the first control, Down selects the next, r puts every
     # control back (the first plot again), in and out of the presentation view.
@@ -743,7 +745,8 @@ def test_lecture_page_after_warm_up(browser, demo_server):
     page.wait_for_function("() => !document.body.classList.contains('course-present')", timeout=10_000)
     assert _state(page)["visibleDemos"] == _demo_count(first)
 
-    assert not page.console_errors, f"errors in the browser's console: {page.console_errors[:5]}"
+    console_errors += page.console_errors
+    assert not console_errors, f"errors in the browser's console: {console_errors[:5]}"
     assert not page.external, f"fetched from the network: {page.external[:5]}"
     page.context.close()
     # A page that goes away shuts its kernel down (Voila's unload signal used to be refused: 403, no _xsrf).

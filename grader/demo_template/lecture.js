@@ -136,6 +136,9 @@
     const controls = controlsOf(demos()[current]);
     if (!controls.length) return;
     selected = (selected + direction + controls.length) % controls.length;
+    // The arrows now go to the newly selected control, not to a slider handle focused before.
+    const active = document.activeElement;
+    if (active && active.closest && active.closest(".celltag_demo")) active.blur();
     mark();
   }
 
@@ -200,7 +203,9 @@
       r: reset, f: () => togglePresentation(),
       "[": () => stepChapter(-1), "]": () => stepChapter(+1),
     };
-    if (onHandle && (event.key === "ArrowRight" || event.key === "ArrowLeft")) return;  // the slider's own
+    const selectedControl = controlsOf(demos()[current])[selected];
+    if (onHandle && (event.key === "ArrowRight" || event.key === "ArrowLeft") &&
+        selectedControl && selectedControl.contains(target)) return;  // the selected slider's own
     if (target && target.id === "course-chapter" && event.key.startsWith("Arrow")) return;
     const action = actions[event.key];
     if (!action) return;
