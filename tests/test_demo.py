@@ -273,8 +273,9 @@ def shown(monkeypatch):
 
 
 def _parts(box):
-    controls, out = box.children
-    return {w.description: w for w in controls.children}, out
+    """The controls of a slider_plot keyed by their keyword, and its output widget."""
+    rows, _reset, out = box.children
+    return {r.children[0]._course_name: r.children[0] for r in rows.children}, out
 
 
 def test_slider_plot_draws_into_the_output_widget_and_redraws_on_change(shown):
