@@ -374,16 +374,17 @@ def training_step(config: Config, seed: int = 0):
     def step(batch):
         x, y = batch
         dropped = draw_dropped(config, gen)
-        scored = (y != -100).sum()
-        total = torch.zeros(())
-        for xs, ys in zip(x.split(config.micro_batch), y.split(config.micro_batch)):
+        n_targets = y.ne(-100).sum()  # the whole global batch's scored targets
+        losses = []
+        for start in range(0, x.shape[0], config.micro_batch):
+            stop = start + config.micro_batch
             with hooks if hooks is not None else contextlib.nullcontext():
-                loss = _micro_loss(model, config, xs, ys, scored, dropped)
+                loss = _micro_loss(model, config, x[start:stop], y[start:stop], n_targets, dropped)
                 loss.backward()
-            total += loss.detach()
+            losses.append(loss.detach())
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return total
+        return sum(losses, torch.zeros(()))
 
     step.model = model
     return step

@@ -437,6 +437,7 @@ from grader.api import run_hidden; run_hidden("ch16_capstone", "test_build", glo
 # %%
 from coursekit import fast
 from coursekit.capstone import measured, training_step
+from coursekit.data import target_task
 from coursekit.widgets import slider_plot
 
 rows = {config_of(r): r for r in TABLE}  # Config -> its measured row
@@ -547,6 +548,15 @@ good = [a >= TARGET_ACCURACY for a in acc_all]
 log_lo, log_hi = math.log10(min(xs_all)), math.log10(max(xs_all))
 
 
+def budget_notice(log_budget):
+    choice = plan(10 ** log_budget, PROFILE, TABLE)
+    if choice is None:
+        return f"{10 ** log_budget / 1e6:.2f} MB: no configuration fits and meets the target"
+    fits = sum(r["bytes"] <= 10 ** log_budget for r in TABLE)
+    return (f"{10 ** log_budget / 1e6:.2f} MB: {fits} of {len(TABLE)} configurations fit; the plan costs "
+            f"{rows[choice]['flops'] / 1e6:,.0f} MFLOP per step")
+
+
 # %% tags=["demo"]
 def draw_budget(ax, log_budget=6.5):
     budget = 10 ** log_budget
@@ -559,17 +569,20 @@ def draw_budget(ax, log_budget=6.5):
     if choice is not None:
         r = rows[choice]
         ax.scatter([r["bytes"] / 1e6], [r["flops"] / 1e6], s=120, facecolors="none", edgecolors="r", label="plan")
-        ax.set_title(f"{describe(choice)}: {r['bytes'] / 1e6:.2f} MB, {r['flops'] / 1e6:,.0f} MFLOP", fontsize=9)
+        ax.set_title(f"{describe(choice)}: {r['bytes'] / 1e6:.2f} MB, {r['flops'] / 1e6:,.0f} MFLOP")
     else:
-        ax.set_title("nothing fits", fontsize=9)
+        ax.set_title("nothing fits the budget and meets the target")
     ax.set_xscale("log")
     ax.set_xlabel("measured peak memory (MB)")
     ax.set_ylabel("MFLOP per optimizer step")
-    ax.legend(fontsize=7, frameon=False)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4)  # under the axes: the points fill them
 
 
-slider_plot(draw_budget, figsize=(8, 4), log_budget=(round(log_lo, 2), round(log_hi + 0.1, 2), 0.05),
-            defaults={"log_budget": 6.5}, labels={"log_budget": lambda v: f"budget: {10 ** v / 1e6:.2f} MB"})
+slider_plot(draw_budget, figsize=(8, 4.5), log_budget=(round(log_lo, 2), round(log_hi + 0.1, 2), 0.05),
+            defaults={"log_budget": 6.5}, labels={"log_budget": lambda v: f"memory budget: {10 ** v / 1e6:.2f} MB"},
+            explain={"log_budget": "the peak training memory allowed (log scale); the plan is the least-compute "
+                                   "configuration that fits it and meets the target accuracy"},
+            notice={"log_budget": budget_notice})
 
 # %% [markdown]
 # ## 11. What the papers report vs what we measured

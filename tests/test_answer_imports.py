@@ -48,6 +48,7 @@ DUPLICATES = {
     ("ch13_alam", "average_quantize_triton"): {"kernels.ch13_alam.aq_pack_triton"},
     ("ch13_alam", "average_dequantize"): {"kernels.ch13_alam.aq_unpack_torch", "kernels.ch13_alam.aq_unpack_triton"},
     ("ch15_paca", "PaCALinear"): {"kernels.ch15_paca.paca_grad_p", "kernels.ch15_paca.paca_grad_p_torch"},  # its dP
+    ("ch16_capstone", "build"): {"coursekit.capstone.training_step"},
 }
 
 # Named like an exercise but computing something else: (chapter, exercise) -> {callable: what it is}.
@@ -145,6 +146,10 @@ def _same_behaviour(chapter: str, exercise: str, target: str) -> None:
         layer(x).backward(g)
         dp = dup(g.reshape(6, 29), x.reshape(6, 37), layer.idx, layer.scaling)
         assert torch.allclose(dp, layer.P.grad, rtol=1e-5, atol=1e-5)
+    elif exercise == "build":  # chapter 16: one step of a configuration with drops, compression and checkpointing
+        config = ns["Config"](16, True, "lora", False, 2, 0.25)
+        task = importlib.import_module("coursekit.data").target_task(ns["GLOBAL_BATCH"], 1)
+        assert torch.equal(dup(config, 2)((task.x, task.y)), ref(config, 2)((task.x, task.y)))
     else:  # chapter 10: (B, H, N, d) float32, a ragged last block
         q, k, v, do = (torch.randn(1, 2, 45, 16, generator=gen) for _ in range(4))
         if exercise == "flash_attention_forward":

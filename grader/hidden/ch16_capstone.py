@@ -209,8 +209,8 @@ def _judge_plan(nb, label: str, budget: float, table: list[dict], measure: bool)
     if config not in rows:
         raise AssertionError(f"at {where} plan returned {config}, which is not a row of the table")
     row = rows[config]
-    bytes_, flops = (cap.measured(config)["bytes"], cap.measured(config)["flops"]) if measure else \
-        (row["bytes"], row["flops"])
+    judged = cap.measured(config) if measure else row  # the judge builds and measures the plan itself
+    bytes_, flops = judged["bytes"], judged["flops"]
     if bytes_ > budget:
         raise AssertionError(f"at {where} the plan {config} needs {bytes_:,} bytes, measured by the judge: over "
                              "budget (plan on the table's measured bytes, not on a prediction or a rule of thumb)")
