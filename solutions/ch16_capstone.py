@@ -6,7 +6,7 @@
 #     checkpoints: [tinygpt4_fibonacci]
 #     prose_numbers:  # definitions of the grid and the grading, quoted figures
 #       - 'micro-batch 32, 16, 8 or 4'
-#       - 'at micro-batch 16 or 32'
+#       - 'at micro-batch 16'
 #       - 'rank 8'
 #       - 'act_bits 32 or 2'
 #       - 'drop_rate 0, 0.25 or 0.5'
@@ -380,8 +380,8 @@ def build(config, seed=0):
       scalar tensor.
 
     Graded on (test_build): configurations of GRID drawn at grading time among lora and paca
-    at micro-batch 16 or 32 (one with checkpointing, drops and compression, one with bf16, one with NF4) and a
-    seed drawn at grading time: the losses of 2 optimizer
+    at micro-batch 16 (two micro-batches per step; one with checkpointing, drops and compression, one
+    with bf16, one with NF4) and a seed drawn at grading time: the losses of 2 optimizer
     steps and every trainable parameter after them, against the course's own step on the same batches
     (losses within relative 1e-4; parameters: at most 0.1% of the elements off by more than 1e-4).
     Memory is not graded here: at this model's size a plan's peak differs from a wrong build's by less than
