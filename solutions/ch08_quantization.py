@@ -16,6 +16,7 @@
 #       - 'keeps the top 16 bits of the 32. Just dropping the low 16 bits'
 #       - 'Plant one outlier (50×) in a Gaussian tensor and quantize it to 4 bits'
 #       - '"4 bits, block "'  # set in code
+#       - 'NF4 (4 bits)'  # the format's definition, in a demo line
 #       - 'the first 8 of 9 points'
 #       - 'the first 7 of 8 points'  # NF4's construction
 #       - '$4 + 32/64 = 4.5$ bits per value'

@@ -12,6 +12,7 @@
 #       - '1 − 2p/3'  # definitions: backward ≈ 2× forward
 #       - '1 − p/2'
 #       - 'steps of 0.1, at most 0.9'  # the allocation's definition
+#       - '(× 10 KB)'  # the demo's unit for kept activations
 #       - 'math.ceil(average_rate * L - 1e-9)'
 #       - '+ 1e-9 * sum(flops)'
 #       - '8bsh² + 4bs²h'  # the authors' FLOP weights
